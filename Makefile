@@ -1,0 +1,42 @@
+# tiletune: `make setup` once, then `make run` (local tuning demo) or `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN := torch==2.13.0
+
+.PHONY: setup run test lint typecheck unit bench-replay bench-quality clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# torch is pinned first so no dependency range can pull another build.
+setup: $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH_PIN)
+	$(BIN)/pip install --quiet $(TORCH_PIN) -e ".[dev,triton]" --config-settings editable_mode=strict
+
+run: setup
+	$(BIN)/tiletune tune fused_attention --shape batch=1,heads=4,seq_q=512,seq_kv=512,head_dim=64,causal=0 \
+		--dtype float32 --backend cpu --trials 20
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: setup
+	$(BIN)/mypy -p tiletune.kernels -p tiletune.tuner -p tiletune.client -p tiletune.service
+	$(BIN)/mypy tests benchmarks
+
+unit: setup
+	$(BIN)/pytest
+
+test: lint typecheck unit
+
+bench-replay: setup
+	$(BIN)/python benchmarks/search_replay.py
+
+bench-quality: setup
+	$(BIN)/python benchmarks/tuning_quality.py --quick
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache

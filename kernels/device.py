@@ -1,0 +1,244 @@
+"""Devices: what a kernel runs on, its identity and limits, and how it is timed.
+
+A :class:`Device` gives the chip's identity (``chip.name``, e.g.
+``cpu/AMD EPYC (AVX-512)/2c``, ``cuda/NVIDIA H200/sm_90``, ``npu/Ascend910B2``),
+the limits constraints use (:class:`DeviceLimits`), the torch device inputs live
+on, and a timer: ``time.perf_counter_ns`` on CPUs, device events with
+synchronisation on accelerators. CUDA goes through torch; the NPU through
+torch_npu, imported only when an NPU is asked for, so its absence is a clear
+:class:`DeviceUnavailableError`, never an import-time traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import os
+import platform
+import re
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import torch
+
+from tiletune.kernels.errors import DeviceUnavailableError
+from tiletune.kernels.spec import DeviceLimits
+
+DEVICE_KINDS = ("cpu", "cuda", "npu")
+
+#: Unified buffer per AI core and queue-buffer limit by Ascend SoC family (published
+#: figures); read at run time where the platform reports it, this table otherwise.
+ASCEND_UB_BYTES: dict[str, tuple[int, int]] = {
+    "Ascend910B": (192 * 1024, 8),
+    "Ascend910_93": (192 * 1024, 8),
+    "Ascend910": (256 * 1024, 4),
+    "Ascend310P": (256 * 1024, 4),
+    "Ascend310B": (256 * 1024, 4),
+}
+DEFAULT_CPU_L2_BYTES = 1024 * 1024
+DEFAULT_GPU_SMEM_BYTES = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Chip:
+    """A chip's identity (``kind/model/detail``) and the limits its constraints use."""
+
+    kind: str
+    name: str
+    limits: DeviceLimits
+
+
+class Device(ABC):
+    """Where kernels run and how their time is taken."""
+
+    chip: Chip
+    torch_device: torch.device
+
+    @property
+    def kind(self) -> str:
+        """``cpu``, ``cuda`` or ``npu``."""
+        return self.chip.kind
+
+    @abstractmethod
+    def synchronize(self) -> None:
+        """Wait until all work queued on the device has finished."""
+
+    @abstractmethod
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        """Run ``fn`` once and return its time in milliseconds, measured on the device."""
+
+
+class CpuDevice(Device):
+    """The host CPU; local memory is the L2 cache of one core."""
+
+    def __init__(self) -> None:
+        self.chip = cpu_chip()
+        self.torch_device = torch.device("cpu")
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: CPU kernels are synchronous."""
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        """Wall time of one call from ``perf_counter_ns``, nothing else in between."""
+        start = time.perf_counter_ns()
+        fn()
+        return (time.perf_counter_ns() - start) / 1e6
+
+
+class AcceleratorDevice(Device):
+    """A CUDA GPU or an Ascend NPU, timed with device events."""
+
+    def __init__(self, chip: Chip, torch_device: torch.device, module: object) -> None:
+        self.chip = chip
+        self.torch_device = torch_device
+        self._module = module  # torch.cuda or torch.npu
+
+    def synchronize(self) -> None:
+        """Block until the device's queued work is done."""
+        self._module.synchronize()  # type: ignore[attr-defined]
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        """Time of one call between two recorded device events."""
+        event = self._module.Event  # type: ignore[attr-defined]
+        start, end = event(enable_timing=True), event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end))
+
+
+def _cpu_model_and_flags() -> tuple[str, set[str]]:
+    model, flags = platform.processor() or platform.machine(), set[str]()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            key = key.strip()
+            if key == "model name" and model in ("", platform.machine(), platform.processor()):
+                model = value.strip()
+            elif key in ("flags", "Features") and not flags:
+                flags = set(value.split())
+    model = re.sub(r"\((R|TM)\)|CPU @.*|\s\d+-Core Processor|Processor", "", model)
+    return " ".join(model.split()) or platform.machine(), flags
+
+
+def _cpu_features(flags: set[str]) -> list[str]:
+    named = [("avx512f", "AVX-512"), ("amx_tile", "AMX"), ("sve", "SVE")]
+    features = [label for flag, label in named if flag in flags]
+    if not features:
+        features = [label for flag, label in [("avx2", "AVX2"), ("asimd", "NEON")] if flag in flags]
+    return features
+
+
+def _cpu_l2_bytes() -> int:
+    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                size = (index / "size").read_text().strip().upper()
+                scale = {"K": 1024, "M": 1024 * 1024}.get(size[-1], 1)
+                return int(size.rstrip("KM")) * scale
+        except (OSError, ValueError):
+            continue
+    return DEFAULT_CPU_L2_BYTES
+
+
+@cache
+def cpu_chip() -> Chip:
+    """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory."""
+    model, flags = _cpu_model_and_flags()
+    features = _cpu_features(flags)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    label = f"{model} ({', '.join(features)})" if features else model
+    return Chip("cpu", f"cpu/{label}/{cores}c", DeviceLimits(local_memory_bytes=_cpu_l2_bytes()))
+
+
+def _cuda_device(index: int = 0) -> AcceleratorDevice:
+    if not torch.cuda.is_available():
+        raise DeviceUnavailableError("cuda: no CUDA device is visible to torch")
+    props = torch.cuda.get_device_properties(index)
+    smem = int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_GPU_SMEM_BYTES)
+    name = f"cuda/{props.name}/sm_{props.major}{props.minor}"
+    chip = Chip("cuda", name, DeviceLimits(local_memory_bytes=smem, max_buffer_num=8, alignment_bytes=16))
+    return AcceleratorDevice(chip, torch.device("cuda", index), torch.cuda)
+
+
+def ascend_limits(soc_name: str) -> DeviceLimits:
+    """UB size and buffers per queue for an Ascend SoC name such as ``Ascend910B2``."""
+    for prefix in sorted(ASCEND_UB_BYTES, key=len, reverse=True):
+        if soc_name.startswith(prefix):
+            ub, buffers = ASCEND_UB_BYTES[prefix]
+            return DeviceLimits(local_memory_bytes=ub, max_buffer_num=buffers, alignment_bytes=32)
+    return DeviceLimits(local_memory_bytes=192 * 1024, max_buffer_num=4, alignment_bytes=32)
+
+
+def _npu_device(index: int = 0) -> AcceleratorDevice:
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError as error:
+        raise DeviceUnavailableError(
+            f"npu: torch_npu is not installed or cannot load ({error}); install tiletune[npu] and CANN"
+        ) from None
+    npu = getattr(torch, "npu", None)
+    if npu is None or not npu.is_available():
+        raise DeviceUnavailableError("npu: torch_npu is installed but no NPU is visible")
+    soc = str(npu.get_device_name(index))
+    chip = Chip("npu", f"npu/{soc}", ascend_limits(soc))
+    return AcceleratorDevice(chip, torch.device("npu", index), npu)
+
+
+def get_device(kind: str = "auto") -> Device:
+    """The device for ``kind`` (``cpu``, ``cuda``, ``npu`` or ``auto``: NPU, then CUDA, then CPU).
+
+    Raises :class:`DeviceUnavailableError` with the reason when ``kind`` is not here,
+    and ``ValueError`` for an unknown kind.
+    """
+    if kind == "cpu":
+        return CpuDevice()
+    if kind == "cuda":
+        return _cuda_device()
+    if kind == "npu":
+        return _npu_device()
+    if kind == "auto":
+        for candidate in ("npu", "cuda"):
+            try:
+                return get_device(candidate)
+            except DeviceUnavailableError:
+                continue
+        return CpuDevice()
+    raise ValueError(f"backend: unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}")
+
+
+def available_kinds() -> list[str]:
+    """Device kinds usable on this host, CPU always included."""
+    kinds = ["cpu"]
+    for kind in ("cuda", "npu"):
+        try:
+            get_device(kind)
+        except DeviceUnavailableError:
+            continue
+        kinds.append(kind)
+    return kinds
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+@cache
+def software_fingerprint() -> dict[str, str | None]:
+    """Versions of the software a measurement depends on, stored beside the chip."""
+    return {
+        "torch": torch.__version__,
+        "triton": _version("triton"),
+        "torch_npu": _version("torch_npu"),
+        "cann": os.environ.get("ASCEND_TOOLKIT_VERSION"),
+        "python": platform.python_version(),
+    }

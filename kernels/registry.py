@@ -1,0 +1,70 @@
+"""Which kernels exist: the built-ins plus those plugins declare.
+
+A plugin package registers a :class:`~tiletune.kernels.spec.KernelSpec` (an
+instance, or a subclass taking no arguments) under the entry-point group
+``tiletune.kernels``::
+
+    [project.entry-points."tiletune.kernels"]
+    my_op = "my_package.tiling:MY_OP_SPEC"
+
+Every command (``tune``, ``bench``, ``kernels``; later the server and the
+workers) looks kernels up here, so plugins are treated exactly like built-ins.
+A plugin that fails to load, or reuses a built-in name, is reported as a
+warning and skipped; it never breaks the built-ins.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import warnings
+from functools import cache
+
+from tiletune.kernels.errors import UnknownKernelError
+from tiletune.kernels.spec import KernelSpec
+
+ENTRY_POINT_GROUP = "tiletune.kernels"
+BUILTIN_MODULES = ("add", "softmax", "rms_norm", "matmul", "fused_attention")
+
+
+def _as_spec(obj: object, origin: str) -> KernelSpec:
+    if isinstance(obj, type) and issubclass(obj, KernelSpec):
+        obj = obj()
+    if not isinstance(obj, KernelSpec):
+        raise TypeError(f"{origin} is {type(obj).__name__}, not a KernelSpec")
+    return obj
+
+
+def builtin_kernels() -> dict[str, KernelSpec]:
+    """The kernels shipped with tiletune, by name."""
+    specs = [
+        _as_spec(importlib.import_module(f"tiletune.kernels.{module}").SPEC, module)
+        for module in BUILTIN_MODULES
+    ]
+    return {spec.name: spec for spec in specs}
+
+
+@cache
+def all_kernels() -> dict[str, KernelSpec]:
+    """Built-ins plus plugin kernels from the ``tiletune.kernels`` entry points."""
+    kernels = builtin_kernels()
+    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            spec = _as_spec(entry.load(), f"entry point {entry.name} ({entry.value})")
+        except Exception as error:  # a broken plugin must not break the built-ins
+            warnings.warn(f"skipping kernel plugin {entry.name!r}: {error}", stacklevel=2)
+            continue
+        if spec.name in kernels:
+            warnings.warn(f"skipping kernel plugin {entry.name!r}: name {spec.name!r} is taken", stacklevel=2)
+            continue
+        kernels[spec.name] = spec
+    return kernels
+
+
+def get_kernel(name: str) -> KernelSpec:
+    """The kernel called ``name``; raises :class:`UnknownKernelError` listing the known ones."""
+    kernels = all_kernels()
+    try:
+        return kernels[name]
+    except KeyError:
+        raise UnknownKernelError(name, list(kernels)) from None

@@ -1,0 +1,331 @@
+"""The kernel spec: the public contract every tunable kernel implements.
+
+A kernel declares, once and declaratively:
+
+- ``dims``: the named problem dims of a call (its *shape*), in canonical order;
+- ``knobs``: the tuning knobs and their candidate values (the search space);
+- constraints: ``invalid_reason`` rejects a config before it is ever run, from
+  the chip's limits (the working set must fit the local memory: UB on Ascend,
+  shared memory on GPUs, L2 per core on CPUs) and the pipeline rules;
+- ``default_config``: the hand-written tiling rule that tiletune replaces
+  (``heuristic_tiling`` below, mapped onto the kernel's knobs);
+- ``reference`` and ``make_inputs``: the correct answer for checking configs;
+- implementations per backend (``run``), in which every knob changes execution;
+- ``flops`` and ``bytes_moved`` for achieved GFLOP/s and GB/s.
+
+Users tune their own operators by subclassing :class:`KernelSpec` in their own
+package and registering an instance (or the class) under the entry-point group
+``tiletune.kernels``; tiletune treats such kernels exactly like built-ins.
+
+Shapes and configs are plain ``dict[str, int]`` in canonical (declaration)
+order, so they serialise to JSON and key databases without translation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+
+from tiletune.kernels.errors import ConfigError, DTypeError, ShapeError
+
+Shape = dict[str, int]
+Config = dict[str, int]
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+#: The largest product of a shape's dims a caller may ask for (guards memory).
+MAX_SHAPE_ELEMENTS = 1 << 34
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    """The torch dtype for a dtype name; raises :class:`DTypeError` naming the choices."""
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise DTypeError("dtype", f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
+
+
+def element_size(dtype: str) -> int:
+    """Bytes per element of a dtype name."""
+    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    """What a chip allows a kernel's tiles, used by constraints before anything runs.
+
+    ``local_memory_bytes`` is the fast memory one core's tiles must fit in: the
+    unified buffer (UB) of an Ascend AI core, shared memory per block on a GPU,
+    the L2 cache per core on a CPU. ``max_buffer_num`` is how many buffers a
+    queue may rotate (Ascend C: 4 per position on training parts, 8 on A2).
+    ``alignment_bytes`` is the granularity tiles are padded to in local memory.
+    """
+
+    local_memory_bytes: int
+    max_buffer_num: int = 4
+    alignment_bytes: int = 32
+
+
+@dataclass(frozen=True)
+class Dim:
+    """One named problem dim. ``choices`` set for categorical dims (e.g. causal: 0/1)."""
+
+    name: str
+    doc: str
+    choices: tuple[int, ...] | None = None
+
+    @property
+    def categorical(self) -> bool:
+        """True when the dim selects a variant rather than a size (never interpolated)."""
+        return self.choices is not None
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One tuning knob and its candidate values.
+
+    ``clamp_to`` names the dim a tile knob tiles: for a given shape its values
+    are clamped to that dim (``min(value, dim)``) and deduplicated, so a tile
+    never exceeds its problem and "the whole dim" is always a candidate.
+    """
+
+    name: str
+    values: tuple[int, ...]
+    doc: str
+    clamp_to: str | None = None
+
+
+@dataclass(frozen=True)
+class HeuristicTiling:
+    """The output of the hand-written rule, before a kernel maps it onto its knobs."""
+
+    tile_elements: int
+    buffer_num: int
+    pipeline_depth: int
+
+
+def heuristic_tiling(total_elements: int, element_bytes: int, local_memory_bytes: int) -> HeuristicTiling:
+    """The hand-written dynamic tiling rule tiletune replaces, taken faithfully.
+
+    - ``total_elements <= 1024``: one tile of everything, 1 buffer, depth 1;
+    - ``<= 65536``: tile 256, 2 buffers (double buffering), depth 2;
+    - larger: tile 1024, 2 buffers, depth 3, falling back to tile 512 when
+      ``tile * element size * buffers`` exceeds a third of the local memory.
+    """
+    if total_elements <= 1024:
+        return HeuristicTiling(total_elements, 1, 1)
+    if total_elements <= 65536:
+        return HeuristicTiling(256, 2, 2)
+    tile, buffers = 1024, 2
+    if tile * element_bytes * buffers > local_memory_bytes // 3:
+        tile = 512
+    return HeuristicTiling(tile, buffers, 3)
+
+
+def snap_down(value: int, candidates: Sequence[int]) -> int:
+    """The largest candidate <= value, or the smallest candidate if none is."""
+    below = [c for c in candidates if c <= value]
+    return max(below) if below else min(candidates)
+
+
+def pow2_floor(value: float) -> int:
+    """The largest power of two <= value (1 for values below 2)."""
+    return 1 << max(0, math.floor(math.log2(max(value, 1.0))))
+
+
+BUFFER_NUM = Knob(
+    "buffer_num",
+    (1, 2, 3, 4),
+    "preallocated rotating workspace buffers per queue (2 = double buffering)",
+)
+PIPELINE_DEPTH = Knob(
+    "pipeline_depth",
+    (1, 2, 3),
+    "tiles in flight through copy-in -> compute -> copy-out "
+    "(1 sequential, 2 copy-in overlaps compute, 3 copy-out overlaps too)",
+)
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Absolute and relative tolerance of a check against the reference."""
+
+    atol: float
+    rtol: float
+
+
+DEFAULT_TOLERANCES: Mapping[str, Tolerance] = MappingProxyType(
+    {
+        "float32": Tolerance(1e-4, 1e-4),
+        "float16": Tolerance(2e-2, 2e-2),
+        "bfloat16": Tolerance(5e-2, 5e-2),
+    }
+)
+
+
+class KernelSpec(ABC):
+    """A tunable kernel. Subclasses set the class attributes and the abstract methods.
+
+    Contract:
+
+    - ``parse_shape`` and ``parse_config`` accept exactly the declared dims and
+      knobs and raise :class:`ShapeError` / :class:`ConfigError` naming the field.
+    - ``invalid_reason`` returns ``None`` for a config that may run on a chip
+      with ``limits``, else a human reason; nothing invalid is ever run.
+    - ``space`` lists every valid config for a shape, dtype and chip, in a
+      stable order; ``default_config`` is a member of the knob values for the
+      shape (it may still be invalid on an unusually small chip).
+    - ``run`` returns the same result as ``reference`` (within ``tolerance``)
+      for every valid config, including shapes the tiles do not divide.
+    """
+
+    name: str
+    version: int
+    description: str
+    dims: tuple[Dim, ...]
+    knobs: tuple[Knob, ...]
+    tolerances: Mapping[str, Tolerance] = DEFAULT_TOLERANCES
+
+    # -- shapes and configs -------------------------------------------------
+
+    def parse_shape(self, raw: Mapping[str, object]) -> Shape:
+        """Validate a shape: every dim present, no extras, positive integers, known choices."""
+        names = [d.name for d in self.dims]
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise ShapeError("shape", f"{self.name} needs dims {names}; missing {missing}")
+        extra = [k for k in raw if k not in names]
+        if extra:
+            raise ShapeError("shape", f"{self.name} has no dim(s) {extra}; its dims are {names}")
+        shape: Shape = {}
+        for dim in self.dims:
+            value = raw[dim.name]
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ShapeError(f"shape.{dim.name}", f"must be an integer, got {value!r}")
+            if dim.choices is not None:
+                if value not in dim.choices:
+                    raise ShapeError(f"shape.{dim.name}", f"must be one of {list(dim.choices)}, got {value}")
+            elif value <= 0:
+                raise ShapeError(f"shape.{dim.name}", f"must be a positive integer, got {value}")
+            shape[dim.name] = value
+        sizes = [shape[d.name] for d in self.dims if not d.categorical]
+        if math.prod(sizes) > MAX_SHAPE_ELEMENTS:
+            raise ShapeError("shape", f"{math.prod(sizes)} elements exceed the limit of {MAX_SHAPE_ELEMENTS}")
+        return shape
+
+    def knob_values(self, shape: Shape) -> dict[str, tuple[int, ...]]:
+        """Candidate values of each knob for this shape (tile knobs clamped to their dim)."""
+        values: dict[str, tuple[int, ...]] = {}
+        for knob in self.knobs:
+            if knob.clamp_to is None:
+                values[knob.name] = knob.values
+            else:
+                limit = shape[knob.clamp_to]
+                values[knob.name] = tuple(sorted({min(v, limit) for v in knob.values}))
+        return values
+
+    def parse_config(self, raw: Mapping[str, object], shape: Shape) -> Config:
+        """Validate a config against the knob values for ``shape``; canonical knob order."""
+        names = [k.name for k in self.knobs]
+        missing = [n for n in names if n not in raw]
+        extra = [k for k in raw if k not in names]
+        if missing or extra:
+            detail = "; ".join(
+                part
+                for part in (f"missing {missing}" if missing else "", f"unknown {extra}" if extra else "")
+                if part
+            )
+            raise ConfigError("config", f"{self.name} knobs are {names}: {detail}")
+        allowed = self.knob_values(shape)
+        config: Config = {}
+        for name in names:
+            value = raw[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value not in allowed[name]:
+                raise ConfigError(
+                    f"config.{name}", f"{value!r} is outside the space for this shape: {list(allowed[name])}"
+                )
+            config[name] = value
+        return config
+
+    def canonical_shape(self, shape: Shape) -> str:
+        """The shape's canonical string, dims in spec order: ``m=64,n=64,k=64``."""
+        return ",".join(f"{d.name}={shape[d.name]}" for d in self.dims)
+
+    # -- constraints and space ----------------------------------------------
+
+    @abstractmethod
+    def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
+        """Local memory one core's tiles occupy under ``config`` (all buffers counted)."""
+
+    def invalid_reason(self, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> str | None:
+        """Why ``config`` may not run on a chip with ``limits``, or None when it may.
+
+        The base rules: a pipeline deeper than 1 needs at least two buffers to
+        overlap anything; at most ``limits.max_buffer_num`` buffers; the working
+        set must fit the local memory. Subclasses may add rules (call super).
+        """
+        buffers = config.get("buffer_num", 1)
+        depth = config.get("pipeline_depth", 1)
+        if depth > 1 and buffers < 2:
+            return f"pipeline_depth={depth} needs buffer_num >= 2 to overlap stages"
+        if buffers > limits.max_buffer_num:
+            return f"buffer_num={buffers} exceeds the chip's {limits.max_buffer_num} buffers per queue"
+        needed = self.working_set_bytes(config, shape, dtype)
+        if needed > limits.local_memory_bytes:
+            return f"working set {needed} B exceeds local memory {limits.local_memory_bytes} B"
+        return None
+
+    def space(self, shape: Shape, dtype: str, limits: DeviceLimits) -> list[Config]:
+        """Every valid config for this shape, dtype and chip, in a stable order."""
+        values = self.knob_values(shape)
+        names = list(values)
+        configs = (dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values()))
+        return [c for c in configs if self.invalid_reason(c, shape, dtype, limits) is None]
+
+    @abstractmethod
+    def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
+        """The hand-written rule's config (``heuristic_tiling`` mapped onto the knobs)."""
+
+    # -- execution ----------------------------------------------------------
+
+    @abstractmethod
+    def make_inputs(
+        self, shape: Shape, dtype: str, device: torch.device, seed: int = 0
+    ) -> tuple[torch.Tensor, ...]:
+        """Deterministic random inputs for ``shape`` on ``device``."""
+
+    @abstractmethod
+    def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
+        """The correct result, computed the plain way (in float32 or better where it matters)."""
+
+    @abstractmethod
+    def run(
+        self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
+    ) -> torch.Tensor:
+        """Run the kernel under ``config`` with the implementation ``backend``."""
+
+    def backends(self) -> tuple[str, ...]:
+        """Implementation names ``run`` accepts; the portable one is ``"torch"``."""
+        return ("torch",)
+
+    def tolerance(self, dtype: str) -> Tolerance:
+        """How close ``run`` must come to ``reference`` for a config to be valid."""
+        return self.tolerances[dtype]
+
+    @abstractmethod
+    def flops(self, shape: Shape) -> float:
+        """Floating-point operations of one call (for GFLOP/s)."""
+
+    @abstractmethod
+    def bytes_moved(self, shape: Shape, dtype: str) -> float:
+        """Bytes one call must read and write at least (for GB/s)."""
