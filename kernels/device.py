@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from tiletune.kernels.errors import DeviceUnavailableError
+from tiletune.kernels.errors import DeviceUnavailableError, InputError
 from tiletune.kernels.spec import DeviceLimits
 
 DEVICE_KINDS = ("cpu", "cuda", "npu")
@@ -195,7 +195,7 @@ def get_device(kind: str = "auto") -> Device:
     """The device for ``kind`` (``cpu``, ``cuda``, ``npu`` or ``auto``: NPU, then CUDA, then CPU).
 
     Raises :class:`DeviceUnavailableError` with the reason when ``kind`` is not here,
-    and ``ValueError`` for an unknown kind.
+    and :class:`InputError` (field ``backend``) for an unknown kind.
     """
     if kind == "cpu":
         return CpuDevice()
@@ -210,7 +210,7 @@ def get_device(kind: str = "auto") -> Device:
             except DeviceUnavailableError:
                 continue
         return CpuDevice()
-    raise ValueError(f"backend: unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}")
+    raise InputError("backend", f"unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}")
 
 
 def available_kinds() -> list[str]:

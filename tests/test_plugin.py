@@ -1,0 +1,76 @@
+"""A user's kernel, installed as a separate package, is tuned exactly like the built-ins."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gelu_plugin"
+
+
+@pytest.fixture(scope="module")
+def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The example plugin installed (no deps) into a fresh directory, as a user would."""
+    work = tmp_path_factory.mktemp("plugin")
+    source = shutil.copytree(EXAMPLE, work / "src")
+    target = work / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+    )
+    return target
+
+
+def tiletune(plugin_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(plugin_path)}
+    return subprocess.run(
+        [sys.executable, "-m", "tiletune.tuner.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_plugin_kernel_is_listed_beside_the_builtins(plugin_path: Path) -> None:
+    result = tiletune(plugin_path, "kernels", "--json")
+    assert result.returncode == 0, result.stderr
+    kernels = {k["name"]: k for k in json.loads(result.stdout)["kernels"]}
+    assert kernels["gelu"]["source"].startswith("plugin")
+    assert kernels["add"]["source"] == "builtin"
+    assert [k["name"] for k in kernels["gelu"]["knobs"]] == ["tile_size"]
+
+
+def test_plugin_kernel_tunes_and_validates_against_its_reference(plugin_path: Path) -> None:
+    result = tiletune(
+        plugin_path, "tune", "gelu", "--shape", "n=200000", "--dtype", "float32", "--trials", "6", "--json"
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["kernel"] == "gelu"
+    assert report["trials"]["completed"] >= 1
+    assert report["best"]["median_ms"] <= report["default"]["p90_ms"]
+    assert report["best"]["config"]["tile_size"] in [1 << p for p in range(8, 18)] + [200000]
+
+
+def test_plugin_shape_errors_name_the_dim(plugin_path: Path) -> None:
+    result = tiletune(plugin_path, "tune", "gelu", "--shape", "m=10", "--dtype", "float32")
+    assert result.returncode == 2
+    assert "missing ['n']" in result.stderr

@@ -1,0 +1,105 @@
+"""The bench harness: statistics, stopping rules, interleaving, checks before timing."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from tiletune.kernels.device import CpuDevice, Device
+from tiletune.tuner.bench import (
+    BenchSettings,
+    Measurement,
+    measure,
+    measure_interleaved,
+    median_rel_ci,
+    output_mismatch,
+)
+
+
+class ScriptedDevice(CpuDevice):
+    """A CPU device whose timer returns scripted times: deterministic statistics tests."""
+
+    def __init__(self, times_ms: list[float]) -> None:
+        super().__init__()
+        self._times = itertools.cycle(times_ms)
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        fn()
+        return next(self._times)
+
+
+def test_measurement_statistics_from_samples() -> None:
+    m = Measurement.from_samples([5.0, 1.0, 2.0, 3.0, 4.0])
+    assert m.median_ms == 3.0
+    assert m.min_ms == 1.0
+    assert m.samples == 5
+    assert m.p10_ms == pytest.approx(1.4)
+    assert m.p90_ms == pytest.approx(4.6)
+    assert m.spread == pytest.approx((4.6 - 1.4) / 3.0)
+
+
+def test_median_ci_shrinks_with_samples_and_is_infinite_when_too_few() -> None:
+    assert math.isinf(median_rel_ci([1.0, 2.0]))
+    noisy = [1.0 + 0.1 * ((i * 7) % 10) for i in range(20)]
+    assert median_rel_ci(noisy * 10) < median_rel_ci(noisy)
+    assert median_rel_ci([2.0] * 50) == 0.0
+
+
+def test_measure_stops_at_target_confidence_for_steady_times() -> None:
+    settings = BenchSettings(min_samples=5, max_samples=100, budget_s=10.0, target_rel_ci=0.01)
+    m = measure(lambda: None, ScriptedDevice([1.0]), settings)
+    assert m.samples == 5
+    assert m.median_ms == 1.0
+
+
+def test_measure_keeps_sampling_noisy_times_until_budget() -> None:
+    settings = BenchSettings(min_samples=5, max_samples=1000, budget_s=0.1, target_rel_ci=0.0)
+    m = measure(lambda: None, ScriptedDevice([1.0, 3.0]), settings)
+    assert m.samples == 50  # 100 ms of budget at 2 ms a sample on average
+    assert m.median_ms == 2.0
+
+
+def test_measure_prunes_configs_far_slower_than_the_best() -> None:
+    settings = BenchSettings(min_samples=3, budget_s=10.0, target_rel_ci=0.0, prune_ratio=2.0)
+    m = measure(lambda: None, ScriptedDevice([10.0, 11.0]), settings, best_known_ms=1.0)
+    assert m.pruned
+    assert m.samples == 3
+    unpruned = measure(lambda: None, ScriptedDevice([1.5]), settings, best_known_ms=1.0)
+    assert not unpruned.pruned
+
+
+def test_interleaved_rotates_order_and_gives_each_the_same_samples() -> None:
+    calls: list[str] = []
+    fns = [lambda name=name: calls.append(name) for name in "ABC"]
+    settings = BenchSettings(warmup_runs=0, min_samples=4, max_samples=4, budget_s=0.0)
+    results = measure_interleaved(fns, ScriptedDevice([1.0]), settings)
+    assert [r.samples for r in results] == [4, 4, 4]
+    assert calls[:6] == ["A", "B", "C", "B", "C", "A"]
+
+
+def test_interleaved_separates_a_real_slow_and_fast_callable() -> None:
+    device: Device = CpuDevice()
+
+    def slow() -> None:
+        time.sleep(0.002)
+
+    settings = BenchSettings(warmup_runs=1, min_samples=5, max_samples=5, budget_s=0.0)
+    fast_m, slow_m = measure_interleaved([lambda: None, slow], device, settings)
+    assert slow_m.median_ms > 1.5
+    assert fast_m.median_ms < slow_m.median_ms / 10
+
+
+def test_output_mismatch_reports_shape_nan_and_wrong_values() -> None:
+    expected = torch.ones(4)
+    assert output_mismatch(torch.ones(4), expected, 1e-4, 1e-4) is None
+    assert "shape" in (output_mismatch(torch.ones(5), expected, 1e-4, 1e-4) or "")
+    assert "NaN" in (output_mismatch(torch.tensor([1.0, float("nan"), 1.0, 1.0]), expected, 1e-4, 1e-4) or "")
+    wrong = output_mismatch(torch.tensor([1.0, 1.0, 2.0, 1.0]), expected, 1e-4, 1e-4)
+    assert wrong is not None
+    assert "1 elements off" in wrong
+    assert "index 2" in wrong

@@ -1,0 +1,158 @@
+"""The `tiletune` command line: the JSON contracts and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tiletune.tuner.cli import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code, out, err = run_cli(capsys, *argv, "--json")
+    assert code == 0, err
+    document: dict[str, Any] = json.loads(out)
+    return document
+
+
+@pytest.mark.parametrize("command", [[], ["kernels"], ["tune"], ["bench"]])
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str], command: list[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main([*command, "--help"])
+    assert exit_.value.code == 0
+    assert "usage: tiletune" in capsys.readouterr().out
+
+
+def test_kernels_lists_builtins_with_dims_and_spaces(capsys: pytest.CaptureFixture[str]) -> None:
+    document = run_json(capsys, "kernels")
+    kernels = {k["name"]: k for k in document["kernels"]}
+    assert set(kernels) >= {"fused_attention", "matmul", "softmax", "rms_norm", "add"}
+    assert [d["name"] for d in kernels["fused_attention"]["dims"]] == [
+        "batch",
+        "heads",
+        "seq_q",
+        "seq_kv",
+        "head_dim",
+        "causal",
+    ]
+    assert {k["name"] for k in kernels["matmul"]["knobs"]} == {
+        "tile_m",
+        "tile_n",
+        "tile_k",
+        "buffer_num",
+        "pipeline_depth",
+    }
+    assert "cpu" in document["devices"]
+
+
+def test_tune_json_follows_the_contract(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "tune", "add", "--shape", "n=100000", "--dtype", "float32", "--trials", "6")
+    assert report["kernel"] == "add"
+    assert report["shape"] == {"n": 100000}
+    assert report["chip"].startswith("cpu/")
+    assert report["space_size"] > 6
+    assert report["trials"]["completed"] == 6
+    assert {"invalid", "duplicate"} <= set(report["trials"])
+    assert set(report["best"]["config"]) == {"tile_size", "buffer_num", "pipeline_depth"}
+    assert report["best"]["median_ms"] > 0
+    assert report["default"]["config"] == {"tile_size": 1024, "buffer_num": 2, "pipeline_depth": 3}
+    # best and default come from one interleaved run; the best is the faster of the two there
+    assert report["best"]["median_ms"] <= report["default"]["median_ms"]
+    assert report["speedup_vs_default"] == pytest.approx(
+        report["default"]["median_ms"] / report["best"]["median_ms"]
+    )
+
+
+def test_grid_measures_every_valid_config(capsys: pytest.CaptureFixture[str]) -> None:
+    report = run_json(capsys, "tune", "add", "--shape", "n=3000", "--dtype", "float32", "--strategy", "grid")
+    assert report["trials"]["completed"] + report["trials"].get("failed", 0) == report["space_size"]
+
+
+def test_bench_measures_configs_and_the_default_interleaved(capsys: pytest.CaptureFixture[str]) -> None:
+    document = run_json(
+        capsys,
+        "bench",
+        "add",
+        "--shape",
+        "n=50000",
+        "--dtype",
+        "float32",
+        "--config",
+        '{"tile_size": 4096, "buffer_num": 2, "pipeline_depth": 2}',
+        "--config",
+        '{"tile_size": 50000, "buffer_num": 1, "pipeline_depth": 1}',
+    )
+    results = document["results"]
+    assert len(results) == 3
+    assert [r["is_default"] for r in results] == [False, False, True]
+    assert all(r["samples"] == results[0]["samples"] for r in results)
+    assert all(r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in results)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["tune", "nope", "--shape", "n=4", "--dtype", "float32"], "unknown kernel 'nope'"),
+        (["tune", "add", "--shape", "m=4", "--dtype", "float32"], "missing ['n']"),
+        (["tune", "add", "--shape", "n=4,m=3", "--dtype", "float32"], "no dim(s) ['m']"),
+        (["tune", "add", "--shape", "n=0", "--dtype", "float32"], "shape.n: must be a positive integer"),
+        (["tune", "add", "--shape", "n=x", "--dtype", "float32"], "shape.n: must be an integer"),
+        (["tune", "add", "--shape", "n", "--dtype", "float32"], "expected name=value pairs"),
+        (["tune", "add", "--shape", "n=64", "--dtype", "float64"], "unknown dtype 'float64'"),
+        (
+            ["tune", "add", "--shape", "n=64", "--dtype", "float32", "--backend", "tpu"],
+            "backend: unknown device",
+        ),
+        (
+            ["tune", "add", "--shape", "n=64", "--dtype", "float32", "--trials", "0"],
+            "trials: must be a positive",
+        ),
+        (
+            [
+                "tune",
+                "fused_attention",
+                "--shape",
+                "batch=1,heads=1,seq_q=8,seq_kv=8,head_dim=8,causal=2",
+                "--dtype",
+                "float32",
+            ],
+            "shape.causal: must be one of [0, 1]",
+        ),
+        (
+            [
+                "bench",
+                "add",
+                "--shape",
+                "n=64",
+                "--dtype",
+                "float32",
+                "--config",
+                '{"tile_size": 3, "buffer_num": 1, "pipeline_depth": 1}',
+            ],
+            "config.tile_size: 3 is outside the space",
+        ),
+        (
+            ["bench", "add", "--shape", "n=64", "--dtype", "float32", "--config", '{"tile_size": 64}'],
+            "missing ['buffer_num', 'pipeline_depth']",
+        ),
+        (
+            ["bench", "add", "--shape", "n=64", "--dtype", "float32", "--config", "{oops"],
+            "config: not valid JSON",
+        ),
+    ],
+)
+def test_bad_input_exits_2_naming_the_problem(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    code, out, err = run_cli(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    assert message in err

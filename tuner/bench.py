@@ -1,0 +1,283 @@
+"""Honest measurement of kernel configs.
+
+The rules (DESIGN.md, "Measurement"):
+
+- inputs are built once per kernel bench; each config's output is checked
+  against the reference *before* any timing. A wrong or crashing config is an
+  invalid trial with its reason, never an exception that stops a search;
+- warm-up, then repeated timed runs until a time budget is spent or the median
+  is known to a target relative confidence; we keep median, p10/p90 and the
+  sample count;
+- timers come from the device (``perf_counter_ns`` on CPU, events on GPUs/NPUs);
+- close candidates are compared by re-measuring them interleaved (A B A B ...)
+  in one run, never by comparing numbers taken minutes apart; the kernel's
+  default config is measured in the same run.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from tiletune.kernels.device import Device
+from tiletune.kernels.spec import Config, KernelSpec, Shape
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    """How long and how precisely to measure one config.
+
+    A measurement stops at the first of: ``max_samples`` samples; ``budget_s``
+    of timed runs (after at least ``min_samples``); a 95 % confidence interval
+    of the median narrower than ``target_rel_ci`` of it (after ``min_samples``);
+    or, when a best time is known, ``min_samples`` samples whose median is more
+    than ``prune_ratio`` times that best (the config cannot win; it is marked
+    ``pruned``).
+    """
+
+    warmup_runs: int = 2
+    min_samples: int = 5
+    max_samples: int = 500
+    budget_s: float = 0.4
+    target_rel_ci: float = 0.01
+    prune_ratio: float | None = 2.0
+    flush_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Statistics of repeated timed runs of one config, in milliseconds."""
+
+    median_ms: float
+    p10_ms: float
+    p90_ms: float
+    min_ms: float
+    samples: int
+    pruned: bool = False
+
+    @classmethod
+    def from_samples(cls, samples_ms: Sequence[float], pruned: bool = False) -> Measurement:
+        """Summarise raw samples (at least one)."""
+        ordered = sorted(samples_ms)
+        return cls(
+            median_ms=statistics.median(ordered),
+            p10_ms=_quantile(ordered, 0.10),
+            p90_ms=_quantile(ordered, 0.90),
+            min_ms=ordered[0],
+            samples=len(ordered),
+            pruned=pruned,
+        )
+
+    @property
+    def spread(self) -> float:
+        """(p90 - p10) / median: the relative spread of the samples."""
+        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready fields."""
+        return {
+            "median_ms": self.median_ms,
+            "p10_ms": self.p10_ms,
+            "p90_ms": self.p90_ms,
+            "min_ms": self.min_ms,
+            "samples": self.samples,
+            "pruned": self.pruned,
+        }
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """The outcome of evaluating one config: a measurement, or why there is none.
+
+    ``invalid`` holds a constraint's reason (never run); ``error`` a run that
+    crashed or returned a wrong result (run, then rejected).
+    """
+
+    config: Config
+    measurement: Measurement | None = None
+    invalid: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the config ran, was correct and was measured."""
+        return self.measurement is not None
+
+
+def _quantile(ordered: Sequence[float], q: float) -> float:
+    position = q * (len(ordered) - 1)
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def median_rel_ci(samples_ms: Sequence[float]) -> float:
+    """Half-width of the distribution-free 95 % confidence interval of the median, relative to it.
+
+    Uses the order statistics at ``n/2 ± 1.96·√n/2``; infinite below 5 samples.
+    """
+    n = len(samples_ms)
+    if n < 5:
+        return math.inf
+    ordered = sorted(samples_ms)
+    half = 1.96 * math.sqrt(n) / 2
+    low = ordered[max(0, math.floor(n / 2 - half))]
+    high = ordered[min(n - 1, math.ceil(n / 2 + half))]
+    median = statistics.median(ordered)
+    return (high - low) / (2 * median) if median > 0 else 0.0
+
+
+class CacheFlusher:
+    """Evicts the caches between timed runs by writing a buffer larger than them (optional)."""
+
+    def __init__(self, device: Device, flush_bytes: int) -> None:
+        self._buffer = (
+            torch.empty(flush_bytes // 4, dtype=torch.float32, device=device.torch_device)
+            if flush_bytes > 0
+            else None
+        )
+
+    def __call__(self) -> None:
+        """Overwrite the flush buffer (a no-op when flushing is off)."""
+        if self._buffer is not None:
+            self._buffer.fill_(1.0)
+
+
+def measure(
+    fn: Callable[[], object],
+    device: Device,
+    settings: BenchSettings = BenchSettings(),
+    best_known_ms: float | None = None,
+) -> Measurement:
+    """Time ``fn`` repeatedly on ``device`` under ``settings`` (see :class:`BenchSettings`)."""
+    flush = CacheFlusher(device, settings.flush_bytes)
+    for _ in range(settings.warmup_runs):
+        fn()
+    device.synchronize()
+    samples: list[float] = []
+    spent_ms = 0.0
+    while len(samples) < settings.max_samples:
+        flush()
+        sample = device.time_ms(fn)
+        samples.append(sample)
+        spent_ms += sample
+        if len(samples) < settings.min_samples:
+            continue
+        median = statistics.median(samples)
+        if (
+            best_known_ms is not None
+            and settings.prune_ratio
+            and median > settings.prune_ratio * best_known_ms
+        ):
+            return Measurement.from_samples(samples, pruned=True)
+        if spent_ms >= settings.budget_s * 1e3 or median_rel_ci(samples) <= settings.target_rel_ci:
+            break
+    return Measurement.from_samples(samples)
+
+
+def measure_interleaved(
+    fns: Sequence[Callable[[], object]],
+    device: Device,
+    settings: BenchSettings = BenchSettings(),
+) -> list[Measurement]:
+    """Measure several callables in rounds (A B C, B C A, ...) so drift hits them alike.
+
+    Each round runs every callable once, rotating the order; rounds continue
+    until each has ``min_samples`` and the total budget (``budget_s`` per
+    callable) is spent, or ``max_samples`` rounds.
+    """
+    flush = CacheFlusher(device, settings.flush_bytes)
+    for fn in fns:
+        for _ in range(settings.warmup_runs):
+            fn()
+    device.synchronize()
+    samples: list[list[float]] = [[] for _ in fns]
+    budget_ms = settings.budget_s * 1e3 * len(fns)
+    spent_ms = 0.0
+    for round_index in range(settings.max_samples):
+        for offset in range(len(fns)):
+            index = (round_index + offset) % len(fns)
+            flush()
+            sample = device.time_ms(fns[index])
+            samples[index].append(sample)
+            spent_ms += sample
+        if round_index + 1 >= settings.min_samples and spent_ms >= budget_ms:
+            break
+    return [Measurement.from_samples(s) for s in samples]
+
+
+def output_mismatch(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """Why ``actual`` is not ``expected`` within tolerance, or None when it is."""
+    if actual.shape != expected.shape:
+        return f"wrong output shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
+    got = actual.detach().to("cpu", torch.float32)
+    want = expected.detach().to("cpu", torch.float32)
+    if not torch.isfinite(got).all():
+        return "output has NaN or Inf"
+    excess = (got - want).abs() - (atol + rtol * want.abs())
+    if (excess > 0).any():
+        worst = int(torch.argmax(excess).item())
+        got_value, want_value = got.flatten()[worst].item(), want.flatten()[worst].item()
+        return (
+            f"wrong result: {int((excess > 0).sum().item())} elements off "
+            f"(worst at flat index {worst}: {got_value:.6g} vs {want_value:.6g})"
+        )
+    return None
+
+
+@dataclass
+class KernelBench:
+    """Measures configs of one kernel for one shape and dtype on one device.
+
+    Inputs and the reference output are built once, on construction. Every
+    ``evaluate`` checks the config's constraint, then its output, then times it.
+    """
+
+    spec: KernelSpec
+    shape: Shape
+    dtype: str
+    device: Device
+    backend: str = "torch"
+    settings: BenchSettings = field(default_factory=BenchSettings)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.inputs = self.spec.make_inputs(self.shape, self.dtype, self.device.torch_device, self.seed)
+        self.expected = self.spec.reference(self.inputs, self.shape)
+        self.tolerance = self.spec.tolerance(self.dtype)
+
+    def runner(self, config: Config) -> Callable[[], object]:
+        """A no-argument callable that runs ``config`` on the prepared inputs."""
+        return lambda: self.spec.run(self.inputs, config, self.shape, self.backend)
+
+    def check(self, config: Config) -> TrialResult | None:
+        """An invalid/failed result for ``config``, or None when it may be timed."""
+        reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
+        if reason is not None:
+            return TrialResult(config, invalid=reason)
+        try:
+            actual = self.spec.run(self.inputs, config, self.shape, self.backend)
+            self.device.synchronize()
+        except Exception as error:  # a crashing config is a measurement, not a crash
+            return TrialResult(config, error=f"{type(error).__name__}: {error}")
+        mismatch = output_mismatch(actual, self.expected, self.tolerance.atol, self.tolerance.rtol)
+        return TrialResult(config, error=mismatch) if mismatch else None
+
+    def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
+        """Check then time ``config``; may stop early (``pruned``) if far slower than ``best_known_ms``."""
+        rejected = self.check(config)
+        if rejected is not None:
+            return rejected
+        try:
+            measurement = measure(self.runner(config), self.device, self.settings, best_known_ms)
+        except Exception as error:
+            return TrialResult(config, error=f"{type(error).__name__}: {error}")
+        return TrialResult(config, measurement=measurement)
+
+    def compare(self, configs: Sequence[Config]) -> list[Measurement]:
+        """Re-measure already-checked configs interleaved in one run; same order as given."""
+        return measure_interleaved([self.runner(c) for c in configs], self.device, self.settings)

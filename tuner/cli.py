@@ -1,0 +1,273 @@
+"""The ``tiletune`` command line: ``kernels``, ``tune`` and ``bench`` (local, no server).
+
+Every command has ``--help``; ``--json`` prints exactly one JSON document on
+stdout (progress bars and messages go to stderr). Bad input exits with status
+2 and a message naming the field at fault; nothing is measured before the
+input is known to be good.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+
+from tiletune.kernels.device import DEVICE_KINDS, Device, available_kinds, get_device
+from tiletune.kernels.errors import DeviceUnavailableError, InputError, ShapeError
+from tiletune.kernels.registry import ENTRY_POINT_GROUP, all_kernels, builtin_kernels, get_kernel
+from tiletune.kernels.spec import DTYPES, Config, KernelSpec, Shape, torch_dtype
+from tiletune.tuner.bench import KernelBench
+from tiletune.tuner.progress import ProgressBar
+from tiletune.tuner.tune import TuneOptions, TuneReport, tune
+
+EXIT_BAD_INPUT = 2
+STRATEGIES = ("tpe", "random", "grid")
+
+
+def parse_dims(text: str) -> dict[str, object]:
+    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}``; raises :class:`ShapeError` on bad syntax."""
+    dims: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise ShapeError("shape", f"expected name=value pairs separated by commas, got {part!r}")
+        if name.strip() in dims:
+            raise ShapeError(f"shape.{name.strip()}", "given twice")
+        try:
+            dims[name.strip()] = int(value)
+        except ValueError:
+            raise ShapeError(f"shape.{name.strip()}", f"must be an integer, got {value.strip()!r}") from None
+    if not dims:
+        raise ShapeError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
+    return dims
+
+
+def parse_config(spec: KernelSpec, text: str, shape: Shape) -> Config:
+    """A ``--config`` JSON object validated against the kernel's space for ``shape``."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise InputError("config", f"not valid JSON ({error.msg}): {text!r}") from None
+    if not isinstance(raw, dict):
+        raise InputError("config", f"must be a JSON object of knob values, got {text!r}")
+    return spec.parse_config(raw, shape)
+
+
+def _kernel_inputs(args: argparse.Namespace) -> tuple[KernelSpec, Shape, str, Device]:
+    spec = get_kernel(args.kernel)
+    shape = spec.parse_shape(parse_dims(args.shape))
+    torch_dtype(args.dtype)
+    return spec, shape, args.dtype, get_device(args.backend)
+
+
+def _emit(args: argparse.Namespace, document: dict[str, Any], text: str) -> None:
+    print(json.dumps(document, indent=2) if args.json else text)
+
+
+def _format_config(config: Config) -> str:
+    return " ".join(f"{k}={v}" for k, v in config.items())
+
+
+# -- kernels ------------------------------------------------------------------
+
+
+def _kernel_source(name: str) -> str:
+    return "builtin" if name in builtin_kernels() else f"plugin ({ENTRY_POINT_GROUP})"
+
+
+def cmd_kernels(args: argparse.Namespace) -> None:
+    """List kernels: dims, knobs and their values, implementations; devices usable here."""
+    devices = available_kinds()
+    kernels = [
+        {
+            "name": spec.name,
+            "version": spec.version,
+            "description": spec.description,
+            "source": _kernel_source(spec.name),
+            "dims": [{"name": d.name, "doc": d.doc, "choices": d.choices} for d in spec.dims],
+            "knobs": [
+                {"name": k.name, "values": list(k.values), "tiles": k.clamp_to, "doc": k.doc}
+                for k in spec.knobs
+            ],
+            "backends": list(spec.backends()),
+        }
+        for spec in all_kernels().values()
+    ]
+    lines = [f"devices here: {', '.join(devices)} ({get_device('cpu').chip.name})", ""]
+    for spec in all_kernels().values():
+        lines.append(f"{spec.name} v{spec.version} [{_kernel_source(spec.name)}]: {spec.description}")
+        lines.append(f"  dims:  {', '.join(d.name for d in spec.dims)}")
+        lines.extend(f"  knob:  {knob.name} in {list(knob.values)}" for knob in spec.knobs)
+        lines.append(f"  implementations: {', '.join(spec.backends())}")
+    _emit(args, {"devices": devices, "kernels": kernels}, "\n".join(lines))
+
+
+# -- tune -----------------------------------------------------------------------
+
+
+def _tune_text(report: TuneReport) -> str:
+    speedup = report.speedup_vs_default
+    default = (
+        f"{report.default.median_ms:.4f} ms" if report.default else f"invalid ({report.default_invalid})"
+    )
+    counts = report.counts
+    return "\n".join(
+        [
+            f"{report.kernel} {','.join(f'{k}={v}' for k, v in report.shape.items())} {report.dtype}"
+            f" on {report.chip}",
+            f"space: {report.space_size} valid configs; measured {counts.get('completed', 0)}"
+            f" (invalid {counts.get('invalid', 0)}, duplicate {counts.get('duplicate', 0)},"
+            f" failed {counts.get('failed', 0)}) in {report.wall_s:.1f} s",
+            f"best:    {_format_config(report.best_config)}  {report.best.median_ms:.4f} ms"
+            f" (p10 {report.best.p10_ms:.4f}, p90 {report.best.p90_ms:.4f}, n={report.best.samples})",
+            f"default: {_format_config(report.default_config)}  {default}",
+            f"speedup over default: {speedup:.2f}x" if speedup else "speedup over default: n/a",
+        ]
+    )
+
+
+def cmd_tune(args: argparse.Namespace) -> None:
+    """Tune one kernel for one shape and dtype on this machine."""
+    spec, shape, dtype, device = _kernel_inputs(args)
+    if args.trials is not None and args.trials <= 0:
+        raise InputError("trials", f"must be a positive integer, got {args.trials}")
+    options = TuneOptions(strategy=args.strategy, trials=args.trials, seed=args.seed, max_time_s=args.time)
+    total = len(spec.space(shape, dtype, device.chip.limits)) if args.strategy == "grid" else args.trials
+    with ProgressBar(total=total, label=f"tuning {spec.name}") as bar:
+        report = tune(spec, shape, dtype, device, options, progress=bar.update)
+    _emit(args, report.as_dict(), _tune_text(report))
+
+
+# -- bench ----------------------------------------------------------------------
+
+
+def cmd_bench(args: argparse.Namespace) -> None:
+    """Measure the given configs and the default interleaved in one run."""
+    spec, shape, dtype, device = _kernel_inputs(args)
+    configs = [parse_config(spec, text, shape) for text in args.config]
+    default = spec.default_config(shape, dtype, device.chip.limits)
+    if default not in configs:
+        configs.append(default)
+    bench = KernelBench(spec, shape, dtype, device)
+    verdicts = [(config, bench.check(config)) for config in configs]
+    runnable = [config for config, verdict in verdicts if verdict is None]
+    rejected = [verdict for _, verdict in verdicts if verdict is not None]
+    measurements = bench.compare(runnable) if runnable else []
+    results: list[dict[str, Any]] = [
+        {"config": config, **m.as_dict(), "is_default": config == default}
+        for config, m in zip(runnable, measurements, strict=True)
+    ]
+    results += [
+        {
+            "config": r.config,
+            "median_ms": None,
+            "invalid": r.invalid or r.error,
+            "is_default": r.config == default,
+        }
+        for r in rejected
+    ]
+    lines = [f"{spec.name} {spec.canonical_shape(shape)} {dtype} on {device.chip.name}"]
+    for result in results:
+        timing = (
+            f"{result['median_ms']:.4f} ms (p10 {result['p10_ms']:.4f}, p90 {result['p90_ms']:.4f},"
+            f" n={result['samples']})"
+            if result["median_ms"] is not None
+            else f"invalid: {result['invalid']}"
+        )
+        marker = " [default]" if result["is_default"] else ""
+        lines.append(f"  {_format_config(result['config'])}{marker}: {timing}")
+    document = {
+        "kernel": spec.name,
+        "shape": shape,
+        "dtype": dtype,
+        "chip": device.chip.name,
+        "results": results,
+    }
+    _emit(args, document, "\n".join(lines))
+
+
+# -- parser ---------------------------------------------------------------------
+
+
+def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("kernel", help="kernel name (see `tiletune kernels`)")
+    parser.add_argument("--shape", required=True, help="problem dims, e.g. m=1024,n=1024,k=1024")
+    parser.add_argument("--dtype", required=True, help=f"element type: {', '.join(DTYPES)}")
+    parser.add_argument(
+        "--backend",
+        default="cpu",
+        help=f"device to run on: {', '.join(DEVICE_KINDS)} or auto (default: cpu)",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``tiletune`` command."""
+    parser = argparse.ArgumentParser(
+        prog="tiletune",
+        description="Measured tiling (tile sizes, buffer count, pipeline depth) for accelerator kernels.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    kernels = commands.add_parser("kernels", help="list kernels, their dims and search spaces")
+    kernels.add_argument("--json", action="store_true", help="print one JSON document on stdout")
+    kernels.set_defaults(handler=cmd_kernels)
+
+    tune_parser = commands.add_parser(
+        "tune",
+        help="tune a kernel for one shape locally (no server)",
+        description="Search the kernel's tiling space on this machine with Optuna, validate the top "
+        "configs and the default interleaved, and report the best config and its speedup.",
+    )
+    _add_kernel_arguments(tune_parser)
+    tune_parser.add_argument("--trials", type=int, default=40, help="measured configs to try (default 40)")
+    tune_parser.add_argument(
+        "--strategy", choices=STRATEGIES, default="tpe", help="tpe (default), random, or grid (all valid)"
+    )
+    tune_parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    tune_parser.add_argument(
+        "--time", type=float, default=None, help="stop searching after this many seconds"
+    )
+    tune_parser.set_defaults(handler=cmd_tune)
+
+    bench_parser = commands.add_parser(
+        "bench",
+        help="measure given configs and the default interleaved",
+        description="The honest way to compare configs: check each against the reference, then time "
+        "them and the kernel's default in rounds (A B A B ...) in one run.",
+    )
+    _add_kernel_arguments(bench_parser)
+    bench_parser.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        help='a config as a JSON object, e.g. \'{"tile_size": 4096, "buffer_num": 2, "pipeline_depth": 2}\';'
+        " repeat for more",
+    )
+    bench_parser.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def quiet_libraries() -> None:
+    """Keep Optuna's per-trial INFO lines off the terminal: the progress bar says it better."""
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tiletune`` console command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    quiet_libraries()
+    try:
+        args.handler(args)
+    except (InputError, DeviceUnavailableError) as error:
+        print(f"tiletune {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""Local tuning: search a kernel's space on this machine and validate the winner.
+
+``tune`` drives a :class:`~tiletune.tuner.search.Search` (Optuna ask-and-tell)
+with a :class:`~tiletune.tuner.bench.KernelBench`: the default config is the
+first trial, invalid configs are never run, every measured config is checked
+against the reference first. When the search stops (trial budget, time budget
+or convergence), the top few configs and the default are re-measured
+interleaved in one run, and the fastest of those is the answer, so the best
+config is never slower than the default within that run's spread.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tiletune.kernels.device import Device, software_fingerprint
+from tiletune.kernels.spec import Config, KernelSpec, Shape
+from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.search import Search, SearchSpace
+
+#: Called after each trial with (unique valid measurements so far, best time so far in ms).
+Progress = Callable[[int, float | None], None]
+
+
+@dataclass(frozen=True)
+class TuneOptions:
+    """How to search: strategy, budgets and measurement settings."""
+
+    strategy: str = "tpe"
+    trials: int | None = 40
+    max_time_s: float | None = None
+    patience: int | None = None
+    seed: int | None = 0
+    validate_top: int = 3
+    bench: BenchSettings = field(default_factory=BenchSettings)
+
+
+@dataclass(frozen=True)
+class TracePoint:
+    """One measured trial of the search phase, for convergence plots and time-to-best."""
+
+    elapsed_s: float
+    config: Config
+    median_ms: float
+
+
+@dataclass
+class TuneReport:
+    """What local tuning found; ``as_dict`` is the CLI's JSON contract."""
+
+    kernel: str
+    kernel_version: int
+    shape: Shape
+    dtype: str
+    chip: str
+    backend: str
+    strategy: str
+    space_size: int
+    counts: dict[str, int]
+    best_config: Config
+    best: Measurement
+    default_config: Config
+    default: Measurement | None
+    default_invalid: str | None
+    validated: list[tuple[Config, Measurement]]
+    wall_s: float
+    trace: list[TracePoint]
+    software: dict[str, str | None] = field(default_factory=software_fingerprint)
+
+    @property
+    def speedup_vs_default(self) -> float | None:
+        """Default's median over the best's median, both from the same interleaved run."""
+        return self.default.median_ms / self.best.median_ms if self.default else None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON document of ``tiletune tune --json``."""
+        return {
+            "kernel": self.kernel,
+            "kernel_version": self.kernel_version,
+            "shape": self.shape,
+            "dtype": self.dtype,
+            "chip": self.chip,
+            "backend": self.backend,
+            "software": self.software,
+            "strategy": self.strategy,
+            "space_size": self.space_size,
+            "trials": self.counts,
+            "best": {"config": self.best_config, **self.best.as_dict()},
+            "default": {
+                "config": self.default_config,
+                **(self.default.as_dict() if self.default else {"median_ms": None}),
+                "invalid": self.default_invalid,
+            },
+            "speedup_vs_default": self.speedup_vs_default,
+            "validated": [{"config": c, **m.as_dict()} for c, m in self.validated],
+            "wall_s": self.wall_s,
+        }
+
+
+def run_search(
+    search: Search,
+    evaluate: Callable[[Config, float | None], TrialResult],
+    progress: Progress | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[dict[str, TrialResult], list[TracePoint]]:
+    """Ask, evaluate and tell until the search is done; every result by config key, and the trace."""
+    results: dict[str, TrialResult] = {}
+    trace: list[TracePoint] = []
+    start = clock()
+    while not search.done:
+        candidates = search.ask(1)
+        if not candidates:
+            break
+        for candidate in candidates:
+            best = search.best(1)
+            result = evaluate(candidate.config, best[0][1] if best else None)
+            results[config_key(candidate.config)] = result
+            if result.measurement is not None:
+                search.tell(candidate.trial_id, result.measurement.median_ms)
+                trace.append(TracePoint(clock() - start, candidate.config, result.measurement.median_ms))
+            else:
+                search.tell(candidate.trial_id, None, result.error or result.invalid)
+            if progress is not None:
+                best = search.best(1)
+                progress(search.counts.completed, best[0][1] if best else None)
+    return results, trace
+
+
+def config_key(config: Config) -> str:
+    """A stable string for a config (knob order as declared)."""
+    return ",".join(f"{k}={v}" for k, v in config.items())
+
+
+def tune(
+    spec: KernelSpec,
+    shape: Shape,
+    dtype: str,
+    device: Device,
+    options: TuneOptions = TuneOptions(),
+    *,
+    backend: str = "torch",
+    progress: Progress | None = None,
+) -> TuneReport:
+    """Tune ``spec`` for ``shape``/``dtype`` on ``device``; see the module docstring."""
+    started = time.monotonic()
+    limits = device.chip.limits
+    default = spec.default_config(shape, dtype, limits)
+    space = SearchSpace(
+        knobs=spec.knob_values(shape),
+        invalid_reason=lambda config: spec.invalid_reason(config, shape, dtype, limits),
+        seeds=[default],
+    )
+    search = Search(
+        space,
+        strategy=options.strategy,
+        seed=options.seed,
+        max_trials=None if options.strategy == "grid" else options.trials,
+        max_time_s=options.max_time_s,
+        patience=options.patience,
+    )
+    bench = KernelBench(spec, shape, dtype, device, backend, options.bench)
+    results, trace = run_search(search, bench.evaluate, progress)
+    if not search.best(1):
+        raise RuntimeError(f"no valid config of {spec.name} ran correctly for {spec.canonical_shape(shape)}")
+
+    default_result = results.get(config_key(default)) or bench.evaluate(default)
+    finalists = [config for config, _ in search.best(options.validate_top)]
+    if default_result.ok and default not in finalists:
+        finalists.append(default)
+    validated = list(zip(finalists, bench.compare(finalists), strict=True))
+    best_config, best = min(validated, key=lambda pair: pair[1].median_ms)
+    default_measurement = next((m for c, m in validated if c == default), None)
+    return TuneReport(
+        kernel=spec.name,
+        kernel_version=spec.version,
+        shape=shape,
+        dtype=dtype,
+        chip=device.chip.name,
+        backend=backend,
+        strategy=options.strategy,
+        space_size=len(spec.space(shape, dtype, limits)),
+        counts=search.counts.as_dict(),
+        best_config=best_config,
+        best=best,
+        default_config=default,
+        default=default_measurement,
+        default_invalid=None if default_result.ok else (default_result.invalid or default_result.error),
+        validated=validated,
+        wall_s=time.monotonic() - started,
+        trace=trace,
+    )
