@@ -13,7 +13,7 @@ $(BIN)/python:
 # torch is pinned first so no dependency range can pull another build.
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet $(TORCH_PIN) -e ".[dev,triton]" --config-settings editable_mode=strict
+	$(BIN)/pip install --quiet $(TORCH_PIN) -e ".[dev]" --config-settings editable_mode=strict
 
 # The strict editable install is a tree of links to the sources: cheap to redo, and
 # redone before checks so new modules are seen (mypy follows it; the default finder it does not).

@@ -210,7 +210,9 @@ def get_device(kind: str = "auto") -> Device:
             except DeviceUnavailableError:
                 continue
         return CpuDevice()
-    raise InputError("backend", f"unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}")
+    raise InputError(
+        "backend", f"unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}"
+    )
 
 
 def available_kinds() -> list[str]:

@@ -74,3 +74,36 @@ def test_plugin_shape_errors_name_the_dim(plugin_path: Path) -> None:
     result = tiletune(plugin_path, "tune", "gelu", "--shape", "m=10", "--dtype", "float32")
     assert result.returncode == 2
     assert "missing ['n']" in result.stderr
+
+
+def test_a_broken_plugin_is_skipped_with_a_warning(tmp_path: Path) -> None:
+    source = tmp_path / "broken"
+    (source / "broken_kernel").mkdir(parents=True)
+    (source / "broken_kernel" / "__init__.py").write_text("SPEC = 42\n")
+    (source / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "broken-kernel"\nversion = "0.1"\n'
+        '[project.entry-points."tiletune.kernels"]\nbroken = "broken_kernel:SPEC"\n'
+        "[tool.setuptools]\npackages = ['broken_kernel']\n"
+    )
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--target",
+            str(target),
+            str(source),
+        ],
+        check=True,
+    )
+    result = tiletune(target, "kernels", "--json")
+    assert result.returncode == 0, result.stderr
+    assert "skipping kernel plugin 'broken'" in result.stderr
+    assert "not a KernelSpec" in result.stderr
+    assert "add" in {k["name"] for k in json.loads(result.stdout)["kernels"]}
