@@ -22,7 +22,8 @@ from tiletune.kernels.registry import ENTRY_POINT_GROUP, all_kernels, builtin_ke
 from tiletune.kernels.spec import DTYPES, Config, KernelSpec, Shape, torch_dtype
 from tiletune.tuner.bench import KernelBench
 from tiletune.tuner.progress import ProgressBar
-from tiletune.tuner.tune import TuneOptions, TuneReport, tune
+from tiletune.tuner.replay import REPLAY_DIR_ENV, ReplayError, ReplaySpace, load_replay, replay_spaces
+from tiletune.tuner.tune import TuneOptions, TuneReport, tune, tune_replay
 
 EXIT_BAD_INPUT = 2
 STRATEGIES = ("tpe", "random", "grid")
@@ -58,6 +59,9 @@ def parse_config(spec: KernelSpec, text: str, shape: Shape) -> Config:
 
 
 def _kernel_inputs(args: argparse.Namespace) -> tuple[KernelSpec, Shape, str, Device]:
+    for option in ("shape", "dtype"):
+        if getattr(args, option) is None:
+            raise InputError(option, f"--{option} is required (only --backend replay runs without it)")
     spec = get_kernel(args.kernel)
     shape = spec.parse_shape(parse_dims(args.shape))
     torch_dtype(args.dtype)
@@ -130,12 +134,34 @@ def _tune_text(report: TuneReport) -> str:
     )
 
 
+def _replay_space(args: argparse.Namespace) -> ReplaySpace:
+    if args.shape is not None or args.dtype is not None:
+        raise InputError("shape", "a recorded space has a fixed shape and dtype; omit --shape and --dtype")
+    try:
+        spaces = replay_spaces(args.replay_dir)
+        if args.kernel not in spaces:
+            known = ", ".join(spaces) or "none"
+            raise InputError(
+                "kernel", f"no recorded space {args.kernel!r} in the replay directory; known: {known}"
+            )
+        return load_replay(spaces[args.kernel])
+    except ReplayError as error:
+        raise InputError("replay_dir", str(error)) from None
+
+
 def cmd_tune(args: argparse.Namespace) -> None:
-    """Tune one kernel for one shape and dtype on this machine."""
-    spec, shape, dtype, device = _kernel_inputs(args)
+    """Tune one kernel for one shape and dtype on this machine (or on a recorded space)."""
     if args.trials is not None and args.trials <= 0:
         raise InputError("trials", f"must be a positive integer, got {args.trials}")
     options = TuneOptions(strategy=args.strategy, trials=args.trials, seed=args.seed, max_time_s=args.time)
+    if args.backend == "replay":
+        space = _replay_space(args)
+        total = space.valid_count if args.strategy == "grid" else args.trials
+        with ProgressBar(total=total, label=f"replaying {space.name}") as bar:
+            report = tune_replay(space, options, progress=bar.update)
+        _emit(args, report.as_dict(), _tune_text(report))
+        return
+    spec, shape, dtype, device = _kernel_inputs(args)
     total = len(spec.space(shape, dtype, device.chip.limits)) if args.strategy == "grid" else args.trials
     with ProgressBar(total=total, label=f"tuning {spec.name}") as bar:
         report = tune(spec, shape, dtype, device, options, progress=bar.update)
@@ -193,15 +219,28 @@ def cmd_bench(args: argparse.Namespace) -> None:
 # -- parser ---------------------------------------------------------------------
 
 
-def _add_kernel_arguments(parser: argparse.ArgumentParser) -> None:
+def _add_kernel_arguments(parser: argparse.ArgumentParser, replay: bool = False) -> None:
     parser.add_argument("kernel", help="kernel name (see `tiletune kernels`)")
-    parser.add_argument("--shape", required=True, help="problem dims, e.g. m=1024,n=1024,k=1024")
-    parser.add_argument("--dtype", required=True, help=f"element type: {', '.join(DTYPES)}")
+    parser.add_argument("--shape", help="problem dims, e.g. m=1024,n=1024,k=1024 (required)")
+    parser.add_argument("--dtype", help=f"element type: {', '.join(DTYPES)} (required)")
+    devices = ", ".join(DEVICE_KINDS)
     parser.add_argument(
         "--backend",
         default="cpu",
-        help=f"device to run on: {', '.join(DEVICE_KINDS)} or auto (default: cpu)",
+        help=f"device to run on: {devices} or auto (default: cpu)"
+        + (
+            "; replay: KERNEL names a recorded space, whose recorded times are the measurements"
+            if replay
+            else ""
+        ),
     )
+    if replay:
+        parser.add_argument(
+            "--replay-dir",
+            default=None,
+            help="directory of recorded spaces for --backend replay "
+            f"(default: ${REPLAY_DIR_ENV}, else ../shared/replay)",
+        )
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
@@ -223,7 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Search the kernel's tiling space on this machine with Optuna, validate the top "
         "configs and the default interleaved, and report the best config and its speedup.",
     )
-    _add_kernel_arguments(tune_parser)
+    _add_kernel_arguments(tune_parser, replay=True)
     tune_parser.add_argument("--trials", type=int, default=40, help="measured configs to try (default 40)")
     tune_parser.add_argument(
         "--strategy", choices=STRATEGIES, default="tpe", help="tpe (default), random, or grid (all valid)"

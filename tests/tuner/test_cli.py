@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -156,3 +157,23 @@ def test_bad_input_exits_2_naming_the_problem(
     assert code == 2
     assert out == ""
     assert message in err
+
+
+def test_tune_on_a_recorded_space_with_the_replay_backend(capsys: pytest.CaptureFixture[str]) -> None:
+    from tiletune.tuner.replay import default_replay_dir
+
+    if default_replay_dir() is None:
+        pytest.skip("no recorded spaces here (../shared/replay or $TILETUNE_REPLAY_DIR)")
+    report = run_json(
+        capsys, "tune", "pnpoly_RTX_3090", "--backend", "replay", "--trials", "60", "--seed", "3"
+    )
+    assert report["chip"] == "replay/NVIDIA GeForce RTX 3090"
+    assert report["trials"]["completed"] + report["trials"]["failed"] == 60
+    assert report["best"]["median_ms"] <= report["default"]["median_ms"]
+    assert report["space_size"] == 4092
+
+
+def test_replay_backend_names_unknown_spaces(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run_cli(capsys, "tune", "gemm", "--backend", "replay", "--replay-dir", str(tmp_path))
+    assert code == 2
+    assert "no recorded space 'gemm'" in err
