@@ -1,0 +1,151 @@
+"""The five built-in kernels: every valid config agrees with the reference, on shapes tiles do not divide."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tiletune.kernels.device import cpu_chip
+from tiletune.kernels.registry import BUILTIN_MODULES, builtin_kernels
+from tiletune.kernels.spec import KernelSpec, Shape
+
+CPU = torch.device("cpu")
+KERNELS = builtin_kernels()
+LIMITS = cpu_chip().limits
+
+#: Shapes per kernel that no tile divides evenly (and one that some tiles do).
+SHAPES: dict[str, list[Shape]] = {
+    "add": [{"n": 1}, {"n": 1000}, {"n": 4099}],
+    "softmax": [{"rows": 1, "cols": 1}, {"rows": 37, "cols": 300}, {"rows": 5, "cols": 1000}],
+    "rms_norm": [{"rows": 3, "cols": 7}, {"rows": 37, "cols": 300}, {"rows": 6, "cols": 1000}],
+    "matmul": [{"m": 1, "n": 1, "k": 1}, {"m": 37, "n": 100, "k": 300}, {"m": 64, "n": 64, "k": 64}],
+    "fused_attention": [
+        {"batch": 1, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 4, "causal": 1},
+        {"batch": 2, "heads": 3, "seq_q": 37, "seq_kv": 50, "head_dim": 16, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 100, "seq_kv": 33, "head_dim": 8, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 70, "seq_kv": 130, "head_dim": 32, "causal": 0},
+    ],
+}
+#: Upper bounds of each dim for random shapes in the property tests.
+DIM_BOUNDS: dict[str, dict[str, int]] = {
+    "add": {"n": 5000},
+    "softmax": {"rows": 40, "cols": 300},
+    "rms_norm": {"rows": 40, "cols": 300},
+    "matmul": {"m": 80, "n": 80, "k": 200},
+    "fused_attention": {"batch": 2, "heads": 3, "seq_q": 80, "seq_kv": 80, "head_dim": 16, "causal": 1},
+}
+
+
+def assert_matches_reference(
+    spec: KernelSpec, shape: Shape, dtype: str, configs: list[dict[str, int]]
+) -> None:
+    inputs = spec.make_inputs(shape, dtype, CPU, seed=3)
+    expected = spec.reference(inputs, shape)
+    tolerance = spec.tolerance(dtype)
+    for config in configs:
+        actual = spec.run(inputs, config, shape)
+        assert actual.dtype == inputs[0].dtype, config
+        assert actual.shape == expected.shape, config
+        try:
+            torch.testing.assert_close(actual.float(), expected, atol=tolerance.atol, rtol=tolerance.rtol)
+        except AssertionError as error:
+            raise AssertionError(f"{spec.name} {shape} {dtype} {config}: {error}") from None
+
+
+def test_every_builtin_module_exposes_a_versioned_spec() -> None:
+    assert list(KERNELS) == list(BUILTIN_MODULES)
+    for spec in KERNELS.values():
+        assert spec.version == 1
+        assert spec.backends() == ("torch",)
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
+    spec = KERNELS[name]
+    rng = random.Random(name)
+    for shape in SHAPES[name]:
+        space = spec.space(shape, "float32", LIMITS)
+        assert space, shape
+        sample = [*rng.sample(space, min(10, len(space))), spec.default_config(shape, "float32", LIMITS)]
+        assert_matches_reference(spec, shape, "float32", sample)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
+    spec = KERNELS[name]
+    shape = SHAPES[name][1]
+    space = spec.space(shape, dtype, LIMITS)
+    assert_matches_reference(spec, shape, dtype, random.Random(dtype).sample(space, min(4, len(space))))
+
+
+@st.composite
+def shapes_and_configs(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int], str]:
+    spec = KERNELS[name]
+    shape = {
+        dim.name: draw(
+            st.sampled_from(dim.choices) if dim.choices else st.integers(1, DIM_BOUNDS[name][dim.name])
+        )
+        for dim in spec.dims
+    }
+    dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"]))
+    config = draw(st.sampled_from(spec.space(shape, dtype, LIMITS)))
+    return shape, config, dtype
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_random_shapes_and_valid_configs_match_the_reference(name: str) -> None:
+    @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+    @given(case=shapes_and_configs(name))
+    def check(case: tuple[Shape, dict[str, int], str]) -> None:
+        shape, config, dtype = case
+        assert_matches_reference(KERNELS[name], shape, dtype, [config])
+
+    check()
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_inputs_are_deterministic_per_seed(name: str) -> None:
+    spec = KERNELS[name]
+    shape = SHAPES[name][1]
+    first, again, other = (spec.make_inputs(shape, "float32", CPU, seed=s) for s in (7, 7, 8))
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert not torch.equal(first[0], other[0])
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_flops_and_bytes_are_positive_and_grow_with_the_shape(name: str) -> None:
+    spec = KERNELS[name]
+    small, large = SHAPES[name][0], SHAPES[name][-1]
+    assert 0 < spec.flops(small) <= spec.flops(large)
+    assert 0 < spec.bytes_moved(small, "float16") < spec.bytes_moved(small, "float32")
+
+
+def test_an_unknown_backend_is_refused_with_the_choices() -> None:
+    spec = KERNELS["add"]
+    shape = {"n": 8}
+    inputs = spec.make_inputs(shape, "float32", CPU)
+    with pytest.raises(ValueError, match=r"backend.*'triton'.*torch"):
+        spec.run(inputs, spec.default_config(shape, "float32", LIMITS), shape, backend="triton")
+
+
+def test_causal_attention_matches_torch_sdpa_top_left_alignment() -> None:
+    """Our reference (and so the kernel) masks like SDPA's is_causal, also for seq_q != seq_kv."""
+    spec = KERNELS["fused_attention"]
+    for seq_q, seq_kv in ((20, 20), (12, 30), (30, 12)):
+        shape = {"batch": 1, "heads": 2, "seq_q": seq_q, "seq_kv": seq_kv, "head_dim": 8, "causal": 1}
+        inputs = spec.make_inputs(shape, "float32", CPU)
+        q, k, v = inputs
+        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        torch.testing.assert_close(spec.reference(inputs, shape), sdpa, atol=1e-5, rtol=1e-5)
+        config = {
+            "block_q": min(16, seq_q),
+            "block_kv": min(16, seq_kv),
+            "buffer_num": 2,
+            "pipeline_depth": 3,
+        }
+        torch.testing.assert_close(spec.run(inputs, config, shape), sdpa, atol=1e-5, rtol=1e-5)
