@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import optuna
 import torch
 import torch.nn.functional as F  # noqa: N812
 
@@ -208,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     args = parser.parse_args(argv)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
     plan = QUICK if args.quick else FULL
