@@ -42,14 +42,11 @@ COMPUTE_BOUND = ("matmul", "fused_attention")
 TUNE_FRACTION = 0.15
 
 QUICK_SHAPES: dict[str, list[Shape]] = {
-    "add": [{"n": 1 << 22}, {"n": 300_007}],
-    "softmax": [{"rows": 2048, "cols": 1024}, {"rows": 1000, "cols": 3000}],
-    "rms_norm": [{"rows": 2048, "cols": 1024}, {"rows": 1000, "cols": 3000}],
-    "matmul": [{"m": 512, "n": 512, "k": 512}, {"m": 768, "n": 500, "k": 1000}],
-    "fused_attention": [
-        {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 0},
-        {"batch": 1, "heads": 4, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64, "causal": 1},
-    ],
+    "add": [{"n": 1 << 20}],
+    "softmax": [{"rows": 1024, "cols": 1000}],
+    "rms_norm": [{"rows": 1024, "cols": 1000}],
+    "matmul": [{"m": 384, "n": 384, "k": 384}],
+    "fused_attention": [{"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 1}],
 }
 FULL_SHAPES: dict[str, list[Shape]] = {
     "add": [{"n": 1 << 24}, {"n": 1 << 20}, {"n": 300_007}],
@@ -114,8 +111,10 @@ class Plan:
 
 
 QUICK = Plan(
-    tune_bench=BenchSettings(budget_s=0.15, max_samples=50, target_rel_ci=0.02, prune_ratio=1.5),
-    grid_bench=BenchSettings(budget_s=0.1, max_samples=30, target_rel_ci=0.03, prune_ratio=1.3),
+    tune_bench=BenchSettings(budget_s=0.1, max_samples=40, target_rel_ci=0.02, prune_ratio=1.5),
+    grid_bench=BenchSettings(
+        warmup_runs=1, min_samples=3, budget_s=0.03, max_samples=15, target_rel_ci=0.03, prune_ratio=1.2
+    ),
     final_bench=BenchSettings(budget_s=1.0, min_samples=10, max_samples=200),
 )
 FULL = Plan(

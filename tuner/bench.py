@@ -35,9 +35,9 @@ class BenchSettings:
     A measurement stops at the first of: ``max_samples`` samples; ``budget_s``
     of timed runs (after at least ``min_samples``); a 95 % confidence interval
     of the median narrower than ``target_rel_ci`` of it (after ``min_samples``);
-    or, when a best time is known, ``min_samples`` samples whose median is more
-    than ``prune_ratio`` times that best (the config cannot win; it is marked
-    ``pruned``).
+    or, when a best time is known, evidence that the config cannot win: its
+    fastest sample, or the median of ``min_samples``, over ``prune_ratio`` times
+    that best (it is marked ``pruned``).
     """
 
     warmup_runs: int = 2
@@ -153,10 +153,18 @@ def measure(
     settings: BenchSettings = BenchSettings(),
     best_known_ms: float | None = None,
 ) -> Measurement:
-    """Time ``fn`` repeatedly on ``device`` under ``settings`` (see :class:`BenchSettings`)."""
+    """Time ``fn`` repeatedly on ``device`` under ``settings`` (see :class:`BenchSettings`).
+
+    With ``best_known_ms``, a config that cannot win stops early (``pruned``):
+    as soon as its fastest sample is over ``prune_ratio`` times the best, or a
+    warm-up run over twice that (warm-up runs may carry first-call costs).
+    """
+    prune_ms = best_known_ms * settings.prune_ratio if best_known_ms and settings.prune_ratio else math.inf
     flush = CacheFlusher(device, settings.flush_bytes)
     for _ in range(settings.warmup_runs):
-        fn()
+        warmup_ms = device.time_ms(fn)
+        if warmup_ms > 2 * prune_ms:
+            return Measurement.from_samples([warmup_ms], pruned=True)
     device.synchronize()
     samples: list[float] = []
     spent_ms = 0.0
@@ -165,14 +173,11 @@ def measure(
         sample = device.time_ms(fn)
         samples.append(sample)
         spent_ms += sample
+        if min(samples) > prune_ms:
+            return Measurement.from_samples(samples, pruned=True)
         if len(samples) < settings.min_samples:
             continue
-        median = statistics.median(samples)
-        if (
-            best_known_ms is not None
-            and settings.prune_ratio
-            and median > settings.prune_ratio * best_known_ms
-        ):
+        if statistics.median(samples) > prune_ms:
             return Measurement.from_samples(samples, pruned=True)
         if spent_ms >= settings.budget_s * 1e3 or median_rel_ci(samples) <= settings.target_rel_ci:
             break

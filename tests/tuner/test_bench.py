@@ -65,10 +65,16 @@ def test_measure_keeps_sampling_noisy_times_until_budget() -> None:
 
 
 def test_measure_prunes_configs_far_slower_than_the_best() -> None:
-    settings = BenchSettings(min_samples=3, budget_s=10.0, target_rel_ci=0.0, prune_ratio=2.0)
-    m = measure(lambda: None, ScriptedDevice([10.0, 11.0]), settings, best_known_ms=1.0)
-    assert m.pruned
-    assert m.samples == 3
+    settings = BenchSettings(warmup_runs=1, min_samples=3, budget_s=10.0, target_rel_ci=0.0, prune_ratio=2.0)
+    far_slower = measure(lambda: None, ScriptedDevice([10.0, 11.0]), settings, best_known_ms=1.0)
+    assert far_slower.pruned
+    assert far_slower.samples == 1  # the warm-up run alone shows it cannot win
+    slower = measure(lambda: None, ScriptedDevice([3.0]), settings, best_known_ms=1.0)
+    assert slower.pruned
+    assert slower.samples == 1  # its fastest timed sample is over 2x the best
+    noisy = measure(lambda: None, ScriptedDevice([1.0, 1.0, 2.5, 2.5]), settings, best_known_ms=1.0)
+    assert noisy.pruned
+    assert noisy.samples == 3  # one fast sample, but the median of min_samples is over 2x
     unpruned = measure(lambda: None, ScriptedDevice([1.5]), settings, best_known_ms=1.0)
     assert not unpruned.pruned
 
