@@ -252,7 +252,7 @@ class FusedAttentionSpec(KernelSpec):
         b, h, d = shape["batch"], shape["heads"], shape["head_dim"]
         bh, bq, bkv, buffers = b * h, config["block_q"], config["block_kv"], config["buffer_num"]
         q, k, v = (t.reshape(bh, t.shape[2], d) for t in inputs)
-        out = torch.empty_like(q)
+        out = torch.empty((bh, shape["seq_q"], d), dtype=q.dtype, device=q.device)
         steps = attention_steps(shape["seq_q"], shape["seq_kv"], bq, bkv, bool(shape["causal"]))
         q_slots, k_slots, v_slots = (Slots(buffers, bh * n * d, q.dtype, q.device) for n in (bq, bkv, bkv))
         accumulators = Slots(buffers, bh * bq * d, torch.float32, q.device)

@@ -86,7 +86,7 @@ def row_plan(rows: int, cols: int, tile_rows: int, tile_cols: int) -> RowPlan:
     two_pass = len(col_starts) > 1
     for r0 in range(0, rows, tile_rows):
         r = slice(r0, min(rows, r0 + tile_rows))
-        blocks = [(slice(c0, min(cols, c0 + tile_cols))) for c0 in col_starts]
+        blocks = [slice(c0, min(cols, c0 + tile_cols)) for c0 in col_starts]
         size = [(r.stop - r.start, c.stop - c.start) for c in blocks]
         if two_pass:
             steps += [

@@ -63,11 +63,11 @@ from typing import Any
 
 import numpy as np
 import optuna
-from threadpoolctl import threadpool_limits
 from optuna.distributions import BaseDistribution, IntDistribution
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 from optuna.storages import BaseStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
+from threadpoolctl import threadpool_limits
 
 Config = dict[str, int]
 #: A config as the tuple of its value indices, in knob order (the internal form).

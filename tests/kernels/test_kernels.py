@@ -149,3 +149,16 @@ def test_causal_attention_matches_torch_sdpa_top_left_alignment() -> None:
             "pipeline_depth": 3,
         }
         torch.testing.assert_close(spec.run(inputs, config, shape), sdpa, atol=1e-5, rtol=1e-5)
+
+
+def test_non_contiguous_inputs_give_the_same_result() -> None:
+    shape = {"batch": 2, "heads": 3, "seq_q": 20, "seq_kv": 24, "head_dim": 8, "causal": 1}
+    spec = KERNELS["fused_attention"]
+    inputs = spec.make_inputs(shape, "float32", CPU)
+    sequence_major = tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in inputs)
+    config = {"block_q": 16, "block_kv": 16, "buffer_num": 2, "pipeline_depth": 3}
+    torch.testing.assert_close(spec.run(sequence_major, config, shape), spec.reference(inputs, shape))
+    x = torch.randn(40, 30).t()
+    config = {"tile_rows": 16, "tile_cols": 32, "buffer_num": 2, "pipeline_depth": 2}
+    softmax = KERNELS["softmax"].run((x,), config, {"rows": 30, "cols": 40})
+    torch.testing.assert_close(softmax, torch.softmax(x, -1))
