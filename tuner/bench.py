@@ -261,22 +261,35 @@ class KernelBench:
 
     def check(self, config: Config) -> TrialResult | None:
         """An invalid/failed result for ``config``, or None when it may be timed."""
+        return self._checked_run(config)[0]
+
+    def _checked_run(self, config: Config) -> tuple[TrialResult | None, float]:
+        """Constraint, one timed run checked against the reference: (rejection or None, run ms)."""
         reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
         if reason is not None:
-            return TrialResult(config, invalid=reason)
+            return TrialResult(config, invalid=reason), 0.0
+        outputs: list[torch.Tensor] = []
         try:
-            actual = self.spec.run(self.inputs, config, self.shape, self.backend)
-            self.device.synchronize()
+            run_ms = self.device.time_ms(
+                lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.backend))
+            )
         except Exception as error:  # a crashing config is a measurement, not a crash
-            return TrialResult(config, error=f"{type(error).__name__}: {error}")
-        mismatch = output_mismatch(actual, self.expected, self.tolerance.atol, self.tolerance.rtol)
-        return TrialResult(config, error=mismatch) if mismatch else None
+            return TrialResult(config, error=f"{type(error).__name__}: {error}"), 0.0
+        mismatch = output_mismatch(outputs[0], self.expected, self.tolerance.atol, self.tolerance.rtol)
+        return (TrialResult(config, error=mismatch) if mismatch else None), run_ms
 
     def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
-        """Check then time ``config``; may stop early (``pruned``) if far slower than ``best_known_ms``."""
-        rejected = self.check(config)
+        """Check then time ``config``; may stop early (``pruned``) if far slower than ``best_known_ms``.
+
+        The checked run doubles as the first warm-up: when it alone is over
+        twice ``prune_ratio`` times the best, the config is not timed further.
+        """
+        rejected, check_ms = self._checked_run(config)
         if rejected is not None:
             return rejected
+        ratio = self.settings.prune_ratio
+        if best_known_ms is not None and ratio and check_ms > 2 * ratio * best_known_ms:
+            return TrialResult(config, measurement=Measurement.from_samples([check_ms], pruned=True))
         try:
             measurement = measure(self.runner(config), self.device, self.settings, best_known_ms)
         except Exception as error:
