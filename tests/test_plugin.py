@@ -19,22 +19,13 @@ def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The example plugin installed (no deps) into a fresh directory, as a user would."""
     work = tmp_path_factory.mktemp("plugin")
     source = shutil.copytree(EXAMPLE, work / "src")
-    target = work / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-    )
+    return pip_install(source, work / "site")
+
+
+def pip_install(source: Path, target: Path) -> Path:
+    """Install the package at ``source`` (no dependencies) into ``target``, as a user would."""
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+    subprocess.run([*command, "--target", str(target), str(source)], check=True)
     return target
 
 
@@ -86,22 +77,7 @@ def test_a_broken_plugin_is_skipped_with_a_warning(tmp_path: Path) -> None:
         '[project.entry-points."tiletune.kernels"]\nbroken = "broken_kernel:SPEC"\n'
         "[tool.setuptools]\npackages = ['broken_kernel']\n"
     )
-    target = tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--quiet",
-            "--no-deps",
-            "--no-build-isolation",
-            "--target",
-            str(target),
-            str(source),
-        ],
-        check=True,
-    )
+    target = pip_install(source, tmp_path / "site")
     result = tiletune(target, "kernels", "--json")
     assert result.returncode == 0, result.stderr
     assert "skipping kernel plugin 'broken'" in result.stderr
