@@ -134,6 +134,7 @@ def measure_key(kernel: str, shape: Shape, dtype: str, plan: Plan, seed: int) ->
     grid = tune(spec, shape, dtype, device, TuneOptions(strategy="grid", bench=plan.grid_bench))
 
     bench = KernelBench(spec, shape, dtype, device, settings=plan.final_bench)
+    same_config = tuned.best_config == grid.best_config
     contenders = {
         "tuned": bench.runner(tuned.best_config),
         "exhaustive": bench.runner(grid.best_config),
@@ -142,8 +143,12 @@ def measure_key(kernel: str, shape: Shape, dtype: str, plan: Plan, seed: int) ->
     }
     if tuned.default_invalid is not None:
         del contenders["default"]
+    if same_config:  # measuring one config twice would report noise as a difference
+        del contenders["exhaustive"]
     timings = measure_interleaved(list(contenders.values()), device, plan.final_bench)
     measured = dict(zip(contenders, timings, strict=True))
+    if same_config:
+        measured["exhaustive"] = measured["tuned"]
     tuned_ms = measured["tuned"].median_ms
     default_ms = measured["default"].median_ms if "default" in measured else None
     return {
@@ -160,6 +165,7 @@ def measure_key(kernel: str, shape: Shape, dtype: str, plan: Plan, seed: int) ->
             "default": tuned.default_config,
         },
         "default_invalid": tuned.default_invalid,
+        "tuned_is_exhaustive_best": same_config,
         "times": {name: m.as_dict() for name, m in measured.items()},
         "speedup_vs_default": default_ms / tuned_ms if default_ms else None,
         "tuned_over_exhaustive": tuned_ms / measured["exhaustive"].median_ms,
