@@ -45,7 +45,7 @@ trial ``measured``, ``failed``, ``invalid`` or ``duplicate``), so a ``Search``
 built over an existing study resumes it. One ``Search`` object per study at a
 time: it is not safe for concurrent use.
 
-Imports optuna, numpy and the standard library only (never torch or
+Imports optuna, numpy, threadpoolctl and the standard library only (never torch or
 tiletune.kernels): the server runs this module without kernels.
 """
 
