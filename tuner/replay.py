@@ -61,7 +61,7 @@ class RecordedFailureError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class Measurement:
+class RecordedOutcome:
     """What the replay device reports for one config: a time or an error, never both."""
 
     time_ms: float | None
@@ -125,15 +125,15 @@ class ReplaySpace:
             return f"config lacks knob {missing.args[0]!r}"
         return None if key in self.entries else NOT_RECORDED
 
-    def measure(self, config: Config) -> Measurement:
+    def measure(self, config: Config) -> RecordedOutcome:
         """The recorded outcome of a valid config; raises ``ValueError`` for an invalid one."""
         reason = self.invalid_reason(config)
         if reason is not None:
             raise ValueError(f"config {config}: {reason}")
         time = self.entries[self.key(config)]
         if isinstance(time, str):
-            return Measurement(time_ms=None, error=time)
-        return Measurement(time_ms=time, error=None)
+            return RecordedOutcome(time_ms=None, error=time)
+        return RecordedOutcome(time_ms=time, error=None)
 
     def time_ms(self, config: Config) -> float:
         """The recorded time of a valid config; raises :class:`RecordedFailureError` for a failed one."""

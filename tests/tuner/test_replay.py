@@ -25,10 +25,8 @@ optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def pnpoly_path() -> Path:
-    directory = default_replay_dir()
-    if directory is None or not (directory / "pnpoly_RTX_3090.json.gz").is_file():
-        pytest.skip("no replay directory with pnpoly_RTX_3090.json.gz (set $TILETUNE_REPLAY_DIR)")
-    return directory / "pnpoly_RTX_3090.json.gz"
+    """The recorded pnpoly space bundled with the tests (present in every clone)."""
+    return Path(__file__).parents[1] / "data" / "replay" / "pnpoly_RTX_3090.json.gz"
 
 
 def write_cache(path: Path, document: Any) -> Path:
