@@ -141,7 +141,9 @@ class SearchCounts:
 class TpeOptions:
     """How the ``tpe`` strategy mixes its sources; defaults chosen on the replay benchmark.
 
-    - ``n_startup``: uniform random valid configs measured after the seeds;
+    - ``n_startup``: uniform random valid configs measured after the seeds, at
+      most a quarter of ``max_trials`` when the search has one (a small budget
+      goes to guided search, not to random draws);
     - ``model_share`` / ``local_share``: fractions of the later asks given to
       the model (Thompson sampling) and to local search; TPE gets the rest;
     - ``local_top``: local search looks at the neighbours of this many best configs;
@@ -440,6 +442,9 @@ class Search:
         self._space = space
         self._enc = _Encoding(space.knobs)
         self._options = options or TpeOptions()
+        self._startup = self._options.n_startup
+        if max_trials is not None:
+            self._startup = min(self._startup, max_trials // 4)
         self._rng = random.Random(seed)
         self._max_trials = max_trials
         self._max_time_s = max_time_s
@@ -595,7 +600,7 @@ class Search:
             return self._next_grid_key()
         if self.strategy == "random":
             return None
-        if self._measured() + len(self._pending) < self._options.n_startup:
+        if self._measured() + len(self._pending) < self._startup:
             return self._random_new_key()
         for source in self._schedule.turn():
             if source == "tpe":
@@ -799,7 +804,7 @@ class Search:
                 keys=self._enc.keys_from_samples,
                 usable=lambda key: self._is_new(key) and self._is_valid(key),
                 seed=seed,
-                n_startup_trials=self._options.n_startup,
+                n_startup_trials=self._startup,
                 n_ei_candidates=self._options.n_ei_candidates,
                 multivariate=True,
                 constant_liar=True,
