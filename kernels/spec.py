@@ -60,6 +60,24 @@ def element_size(dtype: str) -> int:
     return torch.empty((), dtype=torch_dtype(dtype)).element_size()
 
 
+def parse_dims(text: str) -> dict[str, object]:
+    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}``; raises :class:`ShapeError` on bad syntax."""
+    dims: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        if not sep or not name.strip():
+            raise ShapeError("shape", f"expected name=value pairs separated by commas, got {part!r}")
+        if name.strip() in dims:
+            raise ShapeError(f"shape.{name.strip()}", "given twice")
+        try:
+            dims[name.strip()] = int(value)
+        except ValueError:
+            raise ShapeError(f"shape.{name.strip()}", f"must be an integer, got {value.strip()!r}") from None
+    if not dims:
+        raise ShapeError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
+    return dims
+
+
 @dataclass(frozen=True)
 class DeviceLimits:
     """What a chip allows a kernel's tiles, used by constraints before anything runs.

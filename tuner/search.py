@@ -483,7 +483,9 @@ class Search:
             direction="minimize",
             load_if_exists=True,
         )
-        self._seeds: list[Key] = [] if self._restore() else self._seed_keys()
+        self._seeds: list[Key] = []
+        if not self._restore():
+            self._seeds = self._seed_keys()
 
     # -- public API -------------------------------------------------------------------------
 
@@ -563,6 +565,31 @@ class Search:
             assert time_ms is not None
             self._tell_measured(pending.trial, float(time_ms))
             self._record_time(pending.key, float(time_ms))
+
+    def abandon(self, trial_id: int, reason: str = "abandoned") -> None:
+        """Give an asked candidate back unmeasured (its worker went away): it is asked again first.
+
+        The Optuna trial is failed (it counts in no budget) and its config goes
+        to the front of the queue. Abandoning a told or abandoned trial does
+        nothing; one that was never asked raises ``ValueError``.
+        """
+        if trial_id in self._told:
+            return
+        pending = self._pending.pop(trial_id, None)
+        if pending is None:
+            raise ValueError(f"trial_id: no outstanding trial {trial_id}")
+        self._pending_keys.discard(pending.key)
+        self._told.add(trial_id)
+        pending.trial.set_user_attr(_KIND, "abandoned")
+        pending.trial.set_user_attr(_REASON, reason)
+        self._study.tell(pending.trial, state=TrialState.FAIL)
+        self._seeds.insert(0, pending.key)
+        self._stop_reason = None
+
+    @property
+    def outstanding_ids(self) -> list[int]:
+        """Trial ids asked and not yet told or abandoned."""
+        return list(self._pending)
 
     # -- proposing --------------------------------------------------------------------------
 
@@ -840,3 +867,5 @@ class Search:
             self._record_failure(key, str(frozen.user_attrs.get(_REASON, "failed")))
         elif kind in ("invalid", "duplicate"):
             self._counts[kind] += 1
+        elif kind == "abandoned" and key not in self._record:
+            self._seeds.append(key)

@@ -281,3 +281,34 @@ def test_a_search_over_an_existing_study_resumes_it() -> None:
     more = run(resumed)
     assert len(more) == 10
     assert not {tuple(c.values()) for c in asked} & {tuple(c.values()) for c in more}
+
+
+def test_an_abandoned_candidate_is_asked_again_first_and_counts_in_no_budget() -> None:
+    search = Search(space(), seed=0, max_trials=5)
+    first, second = search.ask(2)
+    search.tell(first.trial_id, bowl_ms(first.config))
+    search.abandon(second.trial_id, "lease expired")
+    search.abandon(second.trial_id)  # again: nothing happens
+    assert search.outstanding == 0
+    assert search.counts.completed == 1
+    (again,) = search.ask(1)
+    assert again.config == second.config
+    assert again.trial_id != second.trial_id
+    search.tell(second.trial_id, 1.0)  # the abandoned trial's late result is ignored
+    assert search.counts.completed == 1
+    with pytest.raises(ValueError, match="trial_id"):
+        search.abandon(999)
+
+
+def test_a_resumed_search_takes_up_outstanding_and_abandoned_trials() -> None:
+    storage = optuna.storages.InMemoryStorage()
+    first = Search(space(), seed=0, max_trials=8, storage=storage, study_name="job-2")
+    a, b, c = first.ask(3)
+    first.tell(a.trial_id, bowl_ms(a.config))
+    first.abandon(b.trial_id)
+    resumed = Search(space(), seed=0, max_trials=8, storage=storage, study_name="job-2")
+    assert resumed.outstanding_ids == [c.trial_id]
+    (again,) = resumed.ask(1)
+    assert again.config == b.config
+    resumed.tell(c.trial_id, bowl_ms(c.config))
+    assert resumed.counts.completed == 2

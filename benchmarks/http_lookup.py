@@ -1,0 +1,145 @@
+"""Single-key config lookups over HTTP: requests/s and latency at 1, 16 and 64 concurrent clients.
+
+A real ``tiletune server`` process (uvicorn, one worker process) on a fresh
+SQLite file (or ``--db``) holding 10,000 best configs (imported as a bundle
+for one chip); each client sends ``GET /v1/configs/add?shape=n=...`` for
+random tuned shapes over one keep-alive connection, back to back, for
+``--seconds`` per level. Prints one JSON document: per level, requests/s,
+p50 / p99 latency in ms and the error count.
+
+Run: ``.venv/bin/python benchmarks/http_lookup.py [--configs 10000] [--seconds 5]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+CHIP = {"name": "cpu/Benchmark Chip/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
+LEVELS = (1, 16, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def start_server(db_url: str, port: int) -> subprocess.Popen[bytes]:
+    """``tiletune server`` as a child process, once its /healthz answers."""
+    command = [sys.executable, "-m", "tiletune.service.cli", "server", "--db", db_url, "--port", str(port)]
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.2)
+    server.kill()
+    raise RuntimeError(f"server did not start: {server.stderr.read().decode() if server.stderr else ''}")
+
+
+def fill(base: str, count: int) -> list[int]:
+    """Register the chip and import ``count`` best configs of ``add``; the tuned sizes."""
+    worker = {"name": "bench", "chip": CHIP, "backends": ["torch"], "software": {"torch": "bench"}}
+    httpx.post(f"{base}/v1/workers", json=worker, timeout=30).raise_for_status()
+    sizes = [1024 + 16 * i for i in range(count)]
+    now = datetime.now(UTC).isoformat()
+    configs = [
+        {
+            "kernel": "add",
+            "kernel_version": 1,
+            "shape": {"n": n},
+            "shape_key": f"n={n}",
+            "dtype": "float32",
+            "chip": CHIP["name"],
+            "config": {"tile_size": 256, "buffer_num": 2, "pipeline_depth": 2},
+            "median_ms": 1.0,
+            "promoted_at": now,
+        }
+        for n in sizes
+    ]
+    response = httpx.post(f"{base}/v1/configs/import", json={"configs": configs}, timeout=300)
+    response.raise_for_status()
+    return sizes
+
+
+async def client_loop(base: str, sizes: list[int], stop_at: float, seed: int) -> tuple[list[float], int]:
+    rng = random.Random(seed)
+    latencies: list[float] = []
+    errors = 0
+    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
+        while time.perf_counter() < stop_at:
+            n = rng.choice(sizes)
+            started = time.perf_counter()
+            response = await client.get(
+                "/v1/configs/add", params={"shape": f"n={n}", "chip": CHIP["name"], "match": "exact"}
+            )
+            latencies.append((time.perf_counter() - started) * 1e3)
+            errors += response.status_code != 200
+    return latencies, errors
+
+
+async def level(base: str, sizes: list[int], clients: int, seconds: float) -> dict[str, Any]:
+    stop_at = time.perf_counter() + seconds
+    started = time.perf_counter()
+    results = await asyncio.gather(*(client_loop(base, sizes, stop_at, i) for i in range(clients)))
+    wall = time.perf_counter() - started
+    latencies = sorted(ms for lat, _ in results for ms in lat)
+    return {
+        "clients": clients,
+        "requests": len(latencies),
+        "errors": sum(err for _, err in results),
+        "requests_per_s": len(latencies) / wall,
+        "p50_ms": statistics.median(latencies),
+        "p99_ms": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--configs", type=int, default=10_000, help="best configs in the store (default 10000)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per concurrency level (default 5)")
+    parser.add_argument("--db", default=None, help="database URL (default: a fresh SQLite file)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        db_url = args.db or f"sqlite:///{Path(folder) / 'lookup.db'}"
+        port = free_port()
+        server = start_server(db_url, port)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            sizes = fill(base, args.configs)
+            asyncio.run(level(base, sizes, 1, 1.0))  # warm-up
+            levels = [asyncio.run(level(base, sizes, n, args.seconds)) for n in LEVELS]
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    report = {
+        "benchmark": "http_lookup",
+        "configs": args.configs,
+        "database": "postgresql" if args.db and args.db.startswith("postgres") else "sqlite",
+        "cpu_count": os.cpu_count(),
+        "levels": levels,
+    }
+    json.dump(report, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,337 @@
+"""Wire schemas of the REST API (``/v1``): what the server, the worker and the client exchange.
+
+Pydantic models only; the server's ORM rows are separate (``service.models``).
+Names follow FastAPI's full-stack template: ``*Create`` is what a caller sends,
+``*Public`` what the server returns. Shapes and configs are plain
+``{name: int}`` mappings; a shape's canonical string (dims in the spec's
+order, ``batch=1,heads=8,...``) is part of every key.
+
+Imports pydantic and the standard library only (the client's install is tiny).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Shape = dict[str, int]
+Config = dict[str, int]
+
+STRATEGIES = ("tpe", "random", "grid")
+JOB_STATES = ("queued", "running", "validating", "done", "failed", "cancelled", "skipped")
+MATCH_KINDS = ("exact", "nearest", "default")
+
+#: A job's chip target that any chip may take (the job binds to the first chip that leases it).
+ANY_CHIP = "*"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(_Wire):
+    """Every error response: a stable ``code``, a human ``message``, the offending ``field`` if any."""
+
+    code: str
+    message: str
+    field: str | None = None
+
+
+# -- measurements --------------------------------------------------------------------------------
+
+
+class MeasurementWire(_Wire):
+    """Statistics of repeated timed runs of one config, in milliseconds."""
+
+    median_ms: float = Field(gt=0)
+    p10_ms: float = Field(gt=0)
+    p90_ms: float = Field(gt=0)
+    min_ms: float = Field(gt=0)
+    samples: int = Field(ge=1)
+    pruned: bool = False
+
+
+# -- sweeps and jobs -------------------------------------------------------------------------------
+
+
+class SweepCreate(_Wire):
+    """A tuning sweep: one job per (shape, dtype, chip) for one kernel.
+
+    ``chips`` are the chip names workers register; empty means any chip (each
+    job binds to the first chip that leases it). ``trials`` is the search's
+    budget of unique valid measurements per job; ``max_time_s`` an optional
+    time budget. ``workers_per_job`` lets several workers of one chip share a
+    job. ``force`` tunes keys again even when they are already tuned on the
+    same chip, kernel version and software.
+    """
+
+    kernel: str = Field(min_length=1, max_length=64)
+    shapes: list[Shape] = Field(min_length=1, max_length=1000)
+    dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1, max_length=3)
+    chips: list[str] = Field(default_factory=list, max_length=64)
+    backend: str = "torch"
+    strategy: Literal["tpe", "random", "grid"] = "tpe"
+    trials: int = Field(default=40, ge=1, le=10_000)
+    max_time_s: float | None = Field(default=None, gt=0)
+    seed: int = 0
+    workers_per_job: int = Field(default=1, ge=1, le=64)
+    validate_top: int = Field(default=3, ge=1, le=16)
+    force: bool = False
+    name: str | None = Field(default=None, max_length=200)
+
+
+class JobProgress(_Wire):
+    """How far a job is: trials by outcome, best time so far, speedup over the default."""
+
+    completed: int = 0
+    invalid: int = 0
+    duplicate: int = 0
+    failed: int = 0
+    best_ms: float | None = None
+    best_config: Config | None = None
+    default_ms: float | None = None
+    speedup_vs_default: float | None = None
+
+
+class JobPublic(_Wire):
+    """One job: the tuning of one (kernel, shape, dtype, chip target)."""
+
+    id: int
+    sweep_id: int
+    kernel: str
+    kernel_version: int
+    shape: Shape
+    shape_key: str
+    dtype: str
+    chip: str
+    backend: str
+    strategy: str
+    trials: int
+    state: str
+    lease_failures: int
+    failure_reasons: list[str]
+    progress: JobProgress
+    created_at: datetime
+    updated_at: datetime
+
+
+class SweepPublic(_Wire):
+    """A sweep with its jobs and their states."""
+
+    id: int
+    name: str | None
+    kernel: str
+    state: str
+    created_at: datetime
+    counts: dict[str, int]
+    jobs: list[JobPublic]
+
+
+# -- workers and leases ----------------------------------------------------------------------------
+
+
+class ChipWire(_Wire):
+    """A chip as a worker reports it: identity and the limits constraints use."""
+
+    name: str = Field(min_length=1, max_length=200)
+    kind: str = Field(min_length=1, max_length=16)
+    local_memory_bytes: int = Field(gt=0)
+    max_buffer_num: int = Field(default=4, ge=1)
+    alignment_bytes: int = Field(default=32, ge=1)
+
+
+class WorkerCreate(_Wire):
+    """A worker registering: its name, chip, backends and software fingerprint."""
+
+    name: str = Field(min_length=1, max_length=200)
+    chip: ChipWire
+    backends: list[str] = Field(min_length=1)
+    kernels: list[str] = Field(default_factory=list)
+    software: dict[str, str | None] = Field(default_factory=dict)
+
+
+class WorkerPublic(_Wire):
+    """A registered worker."""
+
+    id: int
+    name: str
+    chip: str
+    backends: list[str]
+    software: dict[str, str | None]
+    last_seen_at: datetime
+
+
+class LeaseCreate(_Wire):
+    """A worker asking for a job its chip can run."""
+
+    worker_id: int
+
+
+class LeasedJob(_Wire):
+    """What a worker needs to run a job: the key, the backend and measurement settings."""
+
+    id: int
+    kernel: str
+    kernel_version: int
+    shape: Shape
+    dtype: str
+    backend: str
+    default_config: Config
+
+
+class LeasePublic(_Wire):
+    """A lease: the fencing ``token`` every write under it carries, and its timing."""
+
+    token: str
+    job: LeasedJob
+    expires_at: datetime
+    lease_s: float
+    heartbeat_s: float
+
+
+class Task(_Wire):
+    """A config to measure under a lease; ``trial_id`` identifies it in ``tell``."""
+
+    trial_id: int
+    config: Config
+
+
+class AskPublic(_Wire):
+    """The answer to ``ask``.
+
+    ``phase``: ``search`` (measure ``tasks`` one by one, then ``tell``);
+    ``validate`` (measure ``validate`` interleaved in one run, then
+    ``complete``); ``wait`` (others hold the remaining work: ask again later);
+    ``done`` (nothing left: release the lease).
+    """
+
+    phase: Literal["search", "validate", "wait", "done"]
+    tasks: list[Task] = Field(default_factory=list)
+    validate_configs: list[Config] = Field(default_factory=list)
+
+
+class TrialOutcome(_Wire):
+    """The result of one task: a measurement, or the reason there is none.
+
+    ``invalid``: the worker's constraints rejected the config without running
+    it; ``error``: it ran and crashed or returned a wrong result.
+    """
+
+    trial_id: int
+    measurement: MeasurementWire | None = None
+    invalid: str | None = None
+    error: str | None = None
+
+
+class TellCreate(_Wire):
+    """Results of tasks; telling a trial again is counted once."""
+
+    outcomes: list[TrialOutcome] = Field(min_length=1, max_length=1000)
+
+
+class TellPublic(_Wire):
+    """How many outcomes were new and how many repeated an earlier tell."""
+
+    accepted: int
+    repeated: int
+
+
+class ValidatedConfig(_Wire):
+    """One config of the final interleaved validation run."""
+
+    config: Config
+    measurement: MeasurementWire | None = None
+    error: str | None = None
+
+
+class CompleteCreate(_Wire):
+    """The validation run of a job's top configs (and its default), measured interleaved."""
+
+    results: list[ValidatedConfig] = Field(min_length=1, max_length=64)
+
+
+class ReleaseCreate(_Wire):
+    """A worker giving a lease back (shutting down, or unable to run the job) and why."""
+
+    reason: str = Field(default="released", max_length=2000)
+    failed: bool = False
+
+
+# -- configs ---------------------------------------------------------------------------------------
+
+
+class BestConfigPublic(_Wire):
+    """The promoted best config of one key, with its measurement and provenance."""
+
+    kernel: str
+    kernel_version: int
+    shape: Shape
+    shape_key: str
+    dtype: str
+    chip: str
+    config: Config
+    median_ms: float
+    default_config: Config | None = None
+    default_ms: float | None = None
+    speedup_vs_default: float | None = None
+    job_id: int | None = None
+    trial_id: int | None = None
+    software: dict[str, str | None] = Field(default_factory=dict)
+    promoted_at: datetime
+
+
+class LookupPublic(_Wire):
+    """A single-key lookup: the config to use and how it was found.
+
+    ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
+    nearest shape of the same kernel version, chip and dtype), ``default``
+    (the kernel's built-in rule). ``best`` carries provenance unless default.
+    """
+
+    kernel: str
+    shape: Shape
+    dtype: str
+    chip: str
+    config: Config
+    match: Literal["exact", "nearest", "default"]
+    best: BestConfigPublic | None = None
+
+
+class ConfigBundle(_Wire):
+    """Bulk export / import of best configs (one chip, optionally one kernel)."""
+
+    format: Literal["tiletune.configs/1"] = "tiletune.configs/1"
+    exported_at: datetime | None = None
+    configs: list[BestConfigPublic]
+
+
+class HistoryPoint(_Wire):
+    """One promotion of a key: when, what, how fast, on which software."""
+
+    promoted_at: datetime
+    config: Config
+    median_ms: float
+    default_ms: float | None
+    kernel_version: int
+    chip: str
+    software: dict[str, str | None]
+    job_id: int | None
+
+
+class TrialPublic(_Wire):
+    """One trial of a job: a searched config (``number`` set) or a validation run, and its outcome."""
+
+    id: int
+    number: int | None
+    phase: str
+    config: Config
+    state: str
+    median_ms: float | None
+    p10_ms: float | None
+    p90_ms: float | None
+    samples: int | None
+    reason: str | None
+    asked_at: datetime
+    told_at: datetime | None

@@ -1,0 +1,76 @@
+"""The worker protocol over HTTP: ``/v1/workers`` and ``/v1/leases/{token}/...``.
+
+A 409 with code ``lease_lost`` answers any write under a lease that expired,
+ended or never existed; it changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
+
+from tiletune.client.wire import (
+    AskPublic,
+    CompleteCreate,
+    JobPublic,
+    LeaseCreate,
+    LeasePublic,
+    ReleaseCreate,
+    TellCreate,
+    TellPublic,
+    WorkerCreate,
+    WorkerPublic,
+)
+from tiletune.service.dependencies import TuningDep
+from tiletune.service.tuning import MAX_ASK
+
+router = APIRouter(prefix="/v1", tags=["workers"])
+
+
+@router.post("/workers", status_code=201)
+def register_worker(worker: WorkerCreate, tuning: TuningDep) -> WorkerPublic:
+    """Register a worker with its chip (name, limits), backends and software."""
+    return tuning.register(worker)
+
+
+@router.post(
+    "/leases",
+    status_code=201,
+    response_model=LeasePublic,
+    responses={204: {"description": "no job for this worker now"}},
+)
+def lease_job(request: LeaseCreate, tuning: TuningDep) -> LeasePublic | Response:
+    """Lease the oldest job this worker's chip and backends can run (204 when there is none)."""
+    lease = tuning.lease(request.worker_id)
+    return lease if lease is not None else Response(status_code=204)
+
+
+@router.post("/leases/{token}/heartbeat")
+def heartbeat(token: str, tuning: TuningDep) -> LeasePublic:
+    """Renew the lease for another lease period."""
+    return tuning.heartbeat(token)
+
+
+@router.post("/leases/{token}/ask")
+def ask(token: str, tuning: TuningDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1) -> AskPublic:
+    """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``."""
+    return tuning.ask(token, n)
+
+
+@router.post("/leases/{token}/tell")
+def tell(token: str, outcomes: TellCreate, tuning: TuningDep) -> TellPublic:
+    """Outcomes of asked trials; repeating a tell is counted once."""
+    return tuning.tell(token, outcomes)
+
+
+@router.post("/leases/{token}/complete")
+def complete(token: str, results: CompleteCreate, tuning: TuningDep) -> JobPublic:
+    """The interleaved validation run: promotes the winner if it beats the key's best; ends the job."""
+    return tuning.complete(token, results)
+
+
+@router.post("/leases/{token}/release")
+def release(token: str, request: ReleaseCreate, tuning: TuningDep) -> JobPublic:
+    """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
+    return tuning.release(token, request)

@@ -1,0 +1,24 @@
+"""FastAPI dependencies as ``Annotated`` aliases: the routes' way to reach the services."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from tiletune.service.store import Store
+from tiletune.service.tuning import Tuning
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.services.store
+    return store
+
+
+def _tuning(request: Request) -> Tuning:
+    tuning: Tuning = request.app.state.services.tuning
+    return tuning
+
+
+StoreDep = Annotated[Store, Depends(_store)]
+TuningDep = Annotated[Tuning, Depends(_tuning)]

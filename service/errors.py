@@ -1,0 +1,49 @@
+"""Errors the service raises on purpose, each with a stable ``code`` and an HTTP status.
+
+The API turns every :class:`ServiceError` into ``{"code", "message", "field"}``
+(``tiletune.client.wire.ErrorBody``); nothing a caller sent in bad faith or by
+mistake reaches them as a 500.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base: ``code`` (stable, machine-readable), ``message`` (human), ``field`` (if one is to blame)."""
+
+    status = 400
+    code = "bad_request"
+
+    def __init__(self, message: str, field: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+        if code is not None:
+            self.code = code
+
+
+class InvalidInputError(ServiceError):
+    """The request is well-formed JSON but names something impossible (422)."""
+
+    status = 422
+    code = "invalid"
+
+
+class NotFoundError(ServiceError):
+    """No such sweep, job, worker, chip or config (404)."""
+
+    status = 404
+    code = "not_found"
+
+
+class ConflictError(ServiceError):
+    """The request clashes with the current state (409)."""
+
+    status = 409
+    code = "conflict"
+
+
+class LeaseLostError(ConflictError):
+    """The lease behind a worker's write expired, ended, or never existed: nothing was changed."""
+
+    code = "lease_lost"

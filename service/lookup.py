@@ -1,0 +1,79 @@
+"""Single-key config lookup: exact, else nearest tuned shape, else the kernel's default.
+
+``match`` in a request is the loosest answer the caller accepts: ``exact``
+answers only tuned keys (404 ``not_found`` otherwise), ``nearest`` also the
+best config of the nearest tuned shape (same kernel version, dtype, chip and
+categorical dims; distance in :mod:`tiletune.client.nearest`), ``default``
+(the default) also the kernel's built-in rule for the chip. A nearest
+shape's config is adapted to the asked shape (each knob snapped down to the
+values this shape allows) and used only if it is valid for it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from tiletune.client.wire import LookupPublic
+from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
+from tiletune.kernels.errors import InputError
+from tiletune.kernels.spec import DTYPES, parse_dims, snap_down
+from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.models import BestConfigRow
+from tiletune.service.store import JobKey, Store, chip_limits, lookup_kernel
+
+MATCH_ORDER = ("exact", "nearest", "default")
+
+
+def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Shape]:
+    """The spec and parsed shape of a lookup; :class:`InvalidInputError` naming the field."""
+    spec = lookup_kernel(kernel)
+    try:
+        shape = spec.parse_shape(parse_dims(shape_text))
+    except InputError as error:
+        raise InvalidInputError(error.reason, field=error.field) from error
+    if dtype not in DTYPES:
+        raise InvalidInputError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}", field="dtype")
+    return spec, shape
+
+
+def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str, match: str) -> LookupPublic:
+    """The config for one key, as loose as ``match`` allows; see the module docstring."""
+    if match not in MATCH_ORDER:
+        raise InvalidInputError(f"match must be one of {list(MATCH_ORDER)}, got {match!r}", field="match")
+    spec, shape = parse_key(kernel, shape_text, dtype)
+    allowed = MATCH_ORDER[: MATCH_ORDER.index(match) + 1]
+    with store.sessions() as session:
+        chip_row = store.chip_by_name(session, chip)
+        if chip_row is None:
+            raise NotFoundError(f"no chip {chip!r} is registered", field="chip")
+
+        def answer(
+            config: Config, found: Literal["exact", "nearest", "default"], best: BestConfigRow | None
+        ) -> LookupPublic:
+            public = store.best_public(session, best) if best is not None else None
+            return LookupPublic(
+                kernel=spec.name, shape=shape, dtype=dtype, chip=chip, config=config, match=found, best=public
+            )
+
+        key = JobKey(spec.name, spec.version, spec.canonical_shape(shape), dtype, chip_row.id)
+        best = store.best_row(session, key)
+        if best is not None:
+            return answer(best.config, "exact", best)
+        limits = chip_limits(chip_row)
+        if "nearest" in allowed:
+            for _, row in store.nearest_best(session, spec, shape, dtype=dtype, chip_id=chip_row.id, k=5):
+                config = adapt(spec, row.config, shape, dtype, limits)
+                if config is not None:
+                    return answer(config, "nearest", row)
+        if "default" in allowed:
+            return answer(spec.default_config(shape, dtype, limits), "default", None)
+    raise NotFoundError(f"no config tuned for {spec.name} {key.shape_key} {dtype} on {chip}", field="shape")
+
+
+def adapt(spec: KernelSpec, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> Config | None:
+    """``config`` with each knob snapped down to the values ``shape`` allows; ``None`` if then invalid."""
+    values = spec.knob_values(shape)
+    if config.keys() != values.keys():
+        return None
+    adapted = {name: snap_down(config[name], values[name]) for name in values}
+    return adapted if spec.invalid_reason(adapted, shape, dtype, limits) is None else None

@@ -1,0 +1,250 @@
+"""SQLAlchemy 2.x ORM rows of the service's own tables (Optuna's live apart).
+
+Rows end in ``Row``; the wire schemas (``tiletune.client.wire``) are separate.
+Every trial is kept; history is derived from promotions. Times are stored as
+timezone-aware UTC datetimes taken from the store's injected clock.
+
+Tables:
+
+- ``chips`` (name, kind, limits) and ``software`` (fingerprints seen per chip);
+- ``workers`` (a registered worker process: chip, backends, software);
+- ``sweeps`` (what a user submitted) and ``jobs`` (one per kernel, shape,
+  dtype, chip target; the unit of leasing, owning one Optuna study);
+- ``leases`` (a worker's claim on a job, fenced by its token);
+- ``trials`` (every config asked for a job, with its outcome);
+- ``best_configs`` (the promoted winner per kernel, version, shape, dtype,
+  chip) and ``promotions`` (every promotion, for history).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: Constraint names are fixed so migrations (and SQLite's batch mode) can refer to them.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+JsonDict = dict[str, Any]
+
+
+class Base(DeclarativeBase):
+    """Declarative base of every service table."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: DateTime(timezone=True),
+        JsonDict: JSON,
+        list[str]: JSON,
+    }
+
+
+class ChipRow(Base):
+    """A chip workers run on: its registered name, kind and the limits constraints use."""
+
+    __tablename__ = "chips"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    local_memory_bytes: Mapped[int] = mapped_column(Integer)
+    max_buffer_num: Mapped[int] = mapped_column(Integer)
+    alignment_bytes: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class SoftwareRow(Base):
+    """A software fingerprint (torch, triton, torch_npu, CANN versions) seen on a chip."""
+
+    __tablename__ = "software"
+    __table_args__ = (UniqueConstraint("chip_id", "fingerprint"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    #: The fingerprint as canonical JSON (sorted keys): equal text means equal software.
+    fingerprint: Mapped[str] = mapped_column(String(1000))
+    first_seen_at: Mapped[datetime]
+
+
+class WorkerRow(Base):
+    """A registered worker process."""
+
+    __tablename__ = "workers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    software_id: Mapped[int] = mapped_column(ForeignKey("software.id"))
+    backends: Mapped[list[str]]
+    kernels: Mapped[list[str]]
+    registered_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+
+
+class SweepRow(Base):
+    """A submitted sweep: the request as sent, for reference; its jobs carry the work."""
+
+    __tablename__ = "sweeps"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    kernel: Mapped[str] = mapped_column(String(64))
+    request: Mapped[JsonDict]
+    created_at: Mapped[datetime]
+
+
+class JobRow(Base):
+    """The tuning of one (kernel, shape, dtype, chip target).
+
+    ``chip_target`` is a chip name or ``*`` (any); ``chip_id`` is set when the
+    job binds to a chip (at its first lease). ``active_leases`` counts leases
+    not yet ended: leasing is a compare-and-set on it. ``state``: queued,
+    running, validating, done, failed, cancelled, skipped.
+    """
+
+    __tablename__ = "jobs"
+    __table_args__ = (Index(None, "state", "chip_target"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape: Mapped[JsonDict]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip_target: Mapped[str] = mapped_column(String(200))
+    chip_id: Mapped[int | None] = mapped_column(ForeignKey("chips.id"))
+    backend: Mapped[str] = mapped_column(String(32))
+    strategy: Mapped[str] = mapped_column(String(16))
+    trials: Mapped[int]
+    max_time_s: Mapped[float | None] = mapped_column(Float)
+    seed: Mapped[int]
+    workers_per_job: Mapped[int]
+    validate_top: Mapped[int]
+    force: Mapped[bool] = mapped_column(Boolean)
+    state: Mapped[str] = mapped_column(String(16))
+    active_leases: Mapped[int] = mapped_column(Integer, default=0)
+    validator_lease_id: Mapped[int | None] = mapped_column(Integer)
+    lease_failures: Mapped[int] = mapped_column(Integer, default=0)
+    failure_reasons: Mapped[list[str]]
+    default_config: Mapped[JsonDict | None]
+    completed: Mapped[int] = mapped_column(Integer, default=0)
+    invalid: Mapped[int] = mapped_column(Integer, default=0)
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    best_ms: Mapped[float | None] = mapped_column(Float)
+    best_config: Mapped[JsonDict | None]
+    default_ms: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]
+
+
+class LeaseRow(Base):
+    """A worker's claim on a job until ``expires_at``; ``ended_at`` set when released or expired."""
+
+    __tablename__ = "leases"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    token: Mapped[str] = mapped_column(String(64), unique=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    worker_id: Mapped[int] = mapped_column(ForeignKey("workers.id"))
+    created_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None] = mapped_column(index=True)
+    end_reason: Mapped[str | None] = mapped_column(Text)
+
+
+class TrialRow(Base):
+    """One config asked for a job, and its outcome.
+
+    ``number`` is the Optuna trial number (the ``trial_id`` of the worker
+    protocol) for search trials, ``None`` for validation runs. ``state``:
+    asked, measured, failed, invalid, abandoned (its lease ended before a
+    tell: the config is asked again under a new number), validated.
+    """
+
+    __tablename__ = "trials"
+    __table_args__ = (UniqueConstraint("job_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"), index=True)
+    number: Mapped[int | None]
+    lease_id: Mapped[int | None] = mapped_column(ForeignKey("leases.id"))
+    phase: Mapped[str] = mapped_column(String(16))
+    config: Mapped[JsonDict]
+    state: Mapped[str] = mapped_column(String(16))
+    median_ms: Mapped[float | None] = mapped_column(Float)
+    p10_ms: Mapped[float | None] = mapped_column(Float)
+    p90_ms: Mapped[float | None] = mapped_column(Float)
+    min_ms: Mapped[float | None] = mapped_column(Float)
+    samples: Mapped[int | None]
+    pruned: Mapped[bool] = mapped_column(Boolean, default=False)
+    reason: Mapped[str | None] = mapped_column(Text)
+    asked_at: Mapped[datetime]
+    told_at: Mapped[datetime | None]
+
+
+class BestConfigRow(Base):
+    """The promoted best config of one key, with its measurement and provenance."""
+
+    __tablename__ = "best_configs"
+    __table_args__ = (UniqueConstraint("kernel", "kernel_version", "shape_key", "dtype", "chip_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    shape: Mapped[JsonDict]
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"), index=True)
+    config: Mapped[JsonDict]
+    median_ms: Mapped[float] = mapped_column(Float)
+    default_config: Mapped[JsonDict | None]
+    default_ms: Mapped[float | None] = mapped_column(Float)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
+    software_id: Mapped[int | None] = mapped_column(ForeignKey("software.id"))
+    promoted_at: Mapped[datetime]
+
+
+class PromotionRow(Base):
+    """One promotion of a key (the history of its best config)."""
+
+    __tablename__ = "promotions"
+    __table_args__ = (Index(None, "kernel", "shape_key", "dtype"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    config: Mapped[JsonDict]
+    median_ms: Mapped[float] = mapped_column(Float)
+    default_ms: Mapped[float | None] = mapped_column(Float)
+    previous_ms: Mapped[float | None] = mapped_column(Float)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
+    software_id: Mapped[int | None] = mapped_column(ForeignKey("software.id"))
+    promoted_at: Mapped[datetime]

@@ -1,0 +1,220 @@
+"""The job queue: leases in SQL, fenced by tokens, with time from an injected clock.
+
+Contract (one suite of tests runs it on SQLite and PostgreSQL):
+
+- ``lease(worker_id)`` gives the worker the oldest job its chip and backends
+  can run (a ``queued`` job for its chip or for any chip, or a ``running`` job
+  of its chip with room for another worker) and returns the lease, or
+  ``None``. Claims are a compare-and-set on the job's ``active_leases``, so
+  two workers never both take the last place on a job; PostgreSQL also
+  selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do not wait
+  on each other. A job of any chip binds to the chip that first leases it.
+- ``fence(session, token)`` returns the lease and its job for a write, or
+  raises :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown,
+  ended, or past ``expires_at`` by the clock (even before it is reaped).
+- ``heartbeat(token)`` moves ``expires_at`` to now + ``lease_s``.
+- ``end(session, lease, reason, failed)`` ends a lease; a job left with no
+  active lease goes back to ``queued`` unless it is finished, and a failed or
+  expired lease counts towards ``max_lease_failures``, after which the job
+  is ``failed`` with its reasons.
+- ``reap()`` ends every expired lease (as failed) and returns their job ids,
+  so the caller can abandon their outstanding trials.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import ANY_CHIP
+from tiletune.service.errors import LeaseLostError
+from tiletune.service.models import ChipRow, JobRow, LeaseRow, WorkerRow
+from tiletune.service.store import JobKey, Store, aware, chip_limits, lookup_kernel
+
+#: Claim attempts per ``lease`` call before giving up (others kept winning the race).
+MAX_CLAIM_ATTEMPTS = 8
+
+FINISHED_STATES = ("done", "failed", "cancelled", "skipped")
+
+
+@dataclass(frozen=True)
+class LeaseSettings:
+    """Lease timing and the failure limit."""
+
+    lease_s: float = 60.0
+    heartbeat_s: float = 5.0
+    max_lease_failures: int = 3
+
+
+class JobQueue:
+    """Leases over the store's jobs; see the module docstring for the contract."""
+
+    def __init__(self, store: Store, settings: LeaseSettings = LeaseSettings()) -> None:
+        self.store = store
+        self.settings = settings
+
+    @property
+    def _postgres(self) -> bool:
+        bind = self.store.sessions.kw.get("bind")
+        return bind is not None and bind.dialect.name == "postgresql"
+
+    def lease(self, worker_id: int) -> tuple[LeaseRow, JobRow] | None:
+        """Claim a job for ``worker_id``; ``None`` when none is available to it now."""
+        skipped: set[int] = set()
+        for _ in range(MAX_CLAIM_ATTEMPTS):
+            with self.store.sessions.begin() as session:
+                worker = self.store.worker(session, worker_id)
+                job = self._candidate(session, worker, skipped)
+                if job is None:
+                    return None
+                if self._already_tuned(session, job, worker):
+                    skipped.add(job.id)
+                    continue
+                claimed = self._claim(session, job, worker)
+                if claimed is not None:
+                    return claimed
+        return None
+
+    def _candidate(self, session: Session, worker: WorkerRow, skipped: set[int]) -> JobRow | None:
+        chip_id = worker.chip_id
+        chip = session.get_one(ChipRow, chip_id)
+        open_job = or_(
+            (JobRow.state == "queued") & (JobRow.chip_target.in_([chip.name, ANY_CHIP])),
+            (JobRow.state == "running")
+            & (JobRow.chip_id == chip_id)
+            & (JobRow.active_leases < JobRow.workers_per_job),
+        )
+        query = select(JobRow).where(
+            open_job,
+            or_(JobRow.chip_id.is_(None), JobRow.chip_id == chip_id),
+            JobRow.backend.in_(worker.backends),
+        )
+        if worker.kernels:
+            query = query.where(JobRow.kernel.in_(worker.kernels))
+        if skipped:
+            query = query.where(JobRow.id.not_in(skipped))
+        query = query.order_by(JobRow.id).limit(1)
+        if self._postgres:
+            query = query.with_for_update(skip_locked=True)
+        return session.scalar(query)
+
+    def _already_tuned(self, session: Session, job: JobRow, worker: WorkerRow) -> bool:
+        """Mark a job of any chip ``skipped`` when this chip already tuned its key on this software."""
+        if job.force or job.chip_id is not None or job.state != "queued":
+            return False
+        key = JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, worker.chip_id)
+        if not self.store.tuned_on_software(session, key, worker.software_id):
+            return False
+        job.state = "skipped"
+        job.chip_id = worker.chip_id
+        job.finished_at = job.updated_at = self.store.clock()
+        return True
+
+    def _claim(self, session: Session, job: JobRow, worker: WorkerRow) -> tuple[LeaseRow, JobRow] | None:
+        now = self.store.clock()
+        claimed = session.execute(
+            update(JobRow)
+            .where(JobRow.id == job.id, JobRow.active_leases == job.active_leases, JobRow.state == job.state)
+            .values(
+                active_leases=job.active_leases + 1,
+                state="running",
+                chip_id=worker.chip_id,
+                updated_at=now,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if claimed.rowcount != 1:  # type: ignore[attr-defined]
+            return None
+        session.refresh(job)
+        if job.default_config is None:
+            spec = lookup_kernel(job.kernel)
+            chip = session.get_one(ChipRow, worker.chip_id)
+            job.default_config = spec.default_config(job.shape, job.dtype, chip_limits(chip))
+        lease = LeaseRow(
+            token=secrets.token_urlsafe(24),
+            job_id=job.id,
+            worker_id=worker.id,
+            created_at=now,
+            expires_at=now + timedelta(seconds=self.settings.lease_s),
+        )
+        session.add(lease)
+        session.flush()
+        return lease, job
+
+    def fence(self, session: Session, token: str) -> tuple[LeaseRow, JobRow]:
+        """The live lease ``token`` and its job (row-locked on PostgreSQL).
+
+        Raises :class:`LeaseLostError` when the lease is unknown, ended or expired.
+        """
+        query = select(LeaseRow).where(LeaseRow.token == token)
+        lease = session.scalar(query)
+        if lease is None:
+            raise LeaseLostError("no such lease; lease a job again", field="token")
+        if lease.ended_at is not None:
+            raise LeaseLostError(f"the lease ended: {lease.end_reason}", field="token")
+        if aware(lease.expires_at) <= self.store.clock():
+            raise LeaseLostError("the lease expired; its job went back to the queue", field="token")
+        job_query = select(JobRow).where(JobRow.id == lease.job_id)
+        if self._postgres:
+            job_query = job_query.with_for_update()
+        job = session.scalar(job_query)
+        assert job is not None
+        return lease, job
+
+    def heartbeat(self, token: str) -> LeaseRow:
+        """Renew a live lease for another ``lease_s``."""
+        with self.store.sessions.begin() as session:
+            lease, _ = self.fence(session, token)
+            lease.expires_at = self.store.clock() + timedelta(seconds=self.settings.lease_s)
+            session.flush()
+            return lease
+
+    def end(self, session: Session, lease: LeaseRow, job: JobRow, reason: str, failed: bool) -> None:
+        """End ``lease``; requeue or fail its job as the contract says."""
+        now = self.store.clock()
+        lease.ended_at = now
+        lease.end_reason = reason
+        job.active_leases = max(0, job.active_leases - 1)
+        job.updated_at = now
+        if job.validator_lease_id == lease.id:
+            job.validator_lease_id = None
+            if job.state == "validating":
+                job.state = "running"
+        if failed:
+            job.lease_failures += 1
+            job.failure_reasons = [*job.failure_reasons, reason]
+        if job.state in FINISHED_STATES:
+            return
+        if job.lease_failures >= self.settings.max_lease_failures:
+            job.state = "failed"
+            job.finished_at = now
+        elif job.active_leases == 0:
+            job.state = "queued"
+
+    def expired(self, session: Session, now: datetime) -> list[LeaseRow]:
+        """Leases past their expiry and not yet ended."""
+        query = select(LeaseRow).where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at <= now)
+        return [lease for lease in session.scalars(query) if aware(lease.expires_at) <= now]
+
+    def reap(self) -> list[tuple[int, int]]:
+        """End every expired lease as failed; ``(job_id, lease_id)`` of each, for abandoning its trials."""
+        reaped = []
+        with self.store.sessions.begin() as session:
+            for lease in self.expired(session, self.store.clock()):
+                job = session.get_one(JobRow, lease.job_id)
+                self.end(session, lease, job, f"lease {lease.id} expired without a heartbeat", failed=True)
+                reaped.append((job.id, lease.id))
+        return reaped
+
+    def worker_of(self, session: Session, lease: LeaseRow) -> WorkerRow:
+        """The worker holding ``lease``."""
+        return session.get_one(WorkerRow, lease.worker_id)
+
+
+def seconds_until(moment: datetime, now: datetime) -> float:
+    """Seconds from ``now`` to ``moment`` (negative when past)."""
+    return (aware(moment) - now).total_seconds()

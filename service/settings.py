@@ -1,0 +1,37 @@
+"""Server settings, read from arguments or ``TILETUNE_*`` environment variables.
+
+Never read at import time: ``create_app(settings)`` takes them explicitly.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tiletune.service.database import default_url
+
+
+class Settings(BaseSettings):
+    """How the server stores, leases and limits.
+
+    - ``db_url``: our tables (SQLite file by default; ``postgresql://...`` at scale);
+    - ``optuna_url``: Optuna's studies, kept apart from our tables. Default: for
+      a SQLite database ``X.db`` the file ``X.optuna.db``; for PostgreSQL the
+      same database, schema ``optuna``;
+    - ``lease_s``: how long a lease lives without a heartbeat; ``heartbeat_s``:
+      how often workers are told to renew it;
+    - ``max_lease_failures``: expired or failed leases after which a job is ``failed``;
+    - ``reap_interval_s``: how often expired leases are returned to the queue;
+    - ``max_body_bytes``: requests with larger bodies are refused (413).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TILETUNE_")
+
+    db_url: str = Field(default_factory=default_url)
+    optuna_url: str | None = None
+    lease_s: float = Field(default=60.0, gt=0)
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    max_lease_failures: int = Field(default=3, ge=1)
+    reap_interval_s: float = Field(default=5.0, gt=0)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
+    max_jobs_per_sweep: int = Field(default=10_000, ge=1)

@@ -1,0 +1,118 @@
+"""One Optuna ask-and-tell search per job, stored apart from our tables.
+
+Each job owns the study ``job-<id>`` in Optuna's storage. A
+:class:`~tiletune.tuner.search.Search` is built over it on first use (seeded
+with the default config and the best configs of the nearest tuned shapes) and
+kept in memory; after a restart it is rebuilt from the study, outstanding
+trials included. Calls for one job are serialised by its lock.
+
+Where Optuna's tables live (``optuna_storage_url``): for a SQLite database
+``X.db`` the file ``X.optuna.db``; for PostgreSQL the same database, schema
+``optuna``; an in-memory storage when told ``memory``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from tiletune.kernels import Config, DeviceLimits
+from tiletune.service.database import is_sqlite, normalize_url
+from tiletune.service.models import JobRow
+from tiletune.service.store import lookup_kernel
+from tiletune.tuner.search import Search, SearchSpace
+
+#: The PostgreSQL schema of Optuna's tables.
+OPTUNA_SCHEMA = "optuna"
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def optuna_storage_url(db_url: str, optuna_url: str | None) -> str:
+    """Where Optuna's studies live, from the settings (see the module docstring)."""
+    if optuna_url:
+        return optuna_url
+    url = normalize_url(db_url)
+    if is_sqlite(url):
+        database = make_url(url).database
+        if not database or database == ":memory:":
+            return "memory"
+        path = Path(database)
+        return f"sqlite:///{path.with_name(path.stem + '.optuna.db')}"
+    return url
+
+
+def make_storage(url: str) -> optuna.storages.BaseStorage:
+    """Optuna's storage at ``url``; PostgreSQL gets its own schema (created if missing)."""
+    if url == "memory":
+        return optuna.storages.InMemoryStorage()
+    url = normalize_url(url)
+    engine_kwargs: dict[str, Any] = {}
+    if is_sqlite(url):
+        engine_kwargs["connect_args"] = {"timeout": 30}
+    elif make_url(url).get_backend_name() == "postgresql":
+        engine = create_engine(url)
+        with engine.begin() as connection:
+            connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
+        engine.dispose()
+        engine_kwargs["connect_args"] = {"options": f"-csearch_path={OPTUNA_SCHEMA}"}
+    return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+class StudyHost:
+    """The searches of running jobs, one per job, each behind its own lock."""
+
+    def __init__(self, storage: optuna.storages.BaseStorage) -> None:
+        self.storage = storage
+        self._searches: dict[int, Search] = {}
+        self._locks: dict[int, threading.RLock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, job_id: int) -> threading.RLock:
+        """The lock that serialises every use of job ``job_id``'s search."""
+        with self._guard:
+            return self._locks.setdefault(job_id, threading.RLock())
+
+    def search(self, job: JobRow, limits: DeviceLimits, warm_start: Sequence[Config] = ()) -> Search:
+        """The job's search, built (or resumed from its study) on first use; hold :meth:`lock`."""
+        found = self._searches.get(job.id)
+        if found is not None:
+            return found
+        spec = lookup_kernel(job.kernel)
+        shape, dtype = dict(job.shape), job.dtype
+        seeds = [spec.default_config(shape, dtype, limits), *warm_start]
+        space = SearchSpace(
+            knobs=spec.knob_values(shape),
+            invalid_reason=lambda config: spec.invalid_reason(config, shape, dtype, limits),
+            seeds=[seed for seed in seeds if _within(seed, spec.knob_values(shape))],
+        )
+        search = Search(
+            space,
+            strategy=job.strategy,
+            seed=job.seed,
+            max_trials=None if job.strategy == "grid" else job.trials,
+            max_time_s=job.max_time_s,
+            storage=self.storage,
+            study_name=f"job-{job.id}",
+        )
+        self._searches[job.id] = search
+        return search
+
+    def cached(self, job_id: int) -> Search | None:
+        """The job's search if it is in memory."""
+        return self._searches.get(job_id)
+
+    def forget(self, job_id: int) -> None:
+        """Drop a finished job's search from memory (its study stays in storage)."""
+        self._searches.pop(job_id, None)
+
+
+def _within(config: Config, knobs: dict[str, tuple[int, ...]]) -> bool:
+    """True when every knob of ``config`` takes one of its values for this shape (warm starts may not)."""
+    return config.keys() == knobs.keys() and all(config[name] in values for name, values in knobs.items())
