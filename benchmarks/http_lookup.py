@@ -29,7 +29,8 @@ from typing import Any
 
 import httpx
 
-CHIP = {"name": "cpu/Benchmark Chip/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
+CHIP_NAME = "cpu/Benchmark Chip/2c"
+CHIP = {"name": CHIP_NAME, "kind": "cpu", "local_memory_bytes": 1 << 20}
 LEVELS = (1, 16, 64)
 
 
@@ -89,7 +90,7 @@ async def client_loop(base: str, sizes: list[int], stop_at: float, seed: int) ->
             n = rng.choice(sizes)
             started = time.perf_counter()
             response = await client.get(
-                "/v1/configs/add", params={"shape": f"n={n}", "chip": CHIP["name"], "match": "exact"}
+                "/v1/configs/add", params={"shape": f"n={n}", "chip": CHIP_NAME, "match": "exact"}
             )
             latencies.append((time.perf_counter() - started) * 1e3)
             errors += response.status_code != 200
@@ -113,9 +114,11 @@ async def level(base: str, sizes: list[int], clients: int, seconds: float) -> di
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--configs", type=int, default=10_000, help="best configs in the store (default 10000)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per concurrency level (default 5)")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--configs", type=int, default=10_000, help="best configs stored (default 10000)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per level (default 5)")
     parser.add_argument("--db", default=None, help="database URL (default: a fresh SQLite file)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:

@@ -23,6 +23,9 @@ STRATEGIES = ("tpe", "random", "grid")
 JOB_STATES = ("queued", "running", "validating", "done", "failed", "cancelled", "skipped")
 MATCH_KINDS = ("exact", "nearest", "default")
 
+#: Most configs one ``ask`` hands out (``?n=``).
+MAX_ASK = 64
+
 #: A job's chip target that any chip may take (the job binds to the first chip that leases it).
 ANY_CHIP = "*"
 

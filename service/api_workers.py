@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from tiletune.client.wire import (
+    MAX_ASK,
     AskPublic,
     CompleteCreate,
     JobPublic,
@@ -23,7 +24,6 @@ from tiletune.client.wire import (
     WorkerPublic,
 )
 from tiletune.service.dependencies import TuningDep
-from tiletune.service.tuning import MAX_ASK
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 

@@ -24,6 +24,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import (
+    MAX_ASK,
     AskPublic,
     CompleteCreate,
     JobPublic,
@@ -44,9 +45,6 @@ from tiletune.service.queue import FINISHED_STATES, JobQueue
 from tiletune.service.store import JobKey, Store, aware, chip_limits, lookup_kernel
 from tiletune.service.studies import StudyHost
 from tiletune.tuner.search import Search
-
-#: Most configs one ``ask`` hands out.
-MAX_ASK = 64
 
 #: Nearest tuned shapes whose best configs seed a new job's search.
 WARM_START_NEIGHBOURS = 3

@@ -1,20 +1,29 @@
-"""The ``tiletune`` command line: ``kernels``, ``tune`` and ``bench`` (local, no server).
+"""The ``tiletune`` command line: ``kernels``, ``tune``, ``bench`` (local) and ``worker``.
 
 Every command has ``--help``; ``--json`` prints exactly one JSON document on
 stdout (progress bars and messages go to stderr). Bad input exits with status
 2 and a message naming the field at fault; nothing is measured before the
 input is known to be good.
+
+Optuna (and the modules that use it: search, tune, replay) is imported only by
+``tune``, so ``tiletune worker`` runs on a worker-only install (``tiletune[worker]``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
-from typing import Any
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-import optuna
+import httpx
 
 from tiletune.kernels.device import DEVICE_KINDS, Device, available_kinds, get_device
 from tiletune.kernels.errors import DeviceUnavailableError, InputError, ShapeError
@@ -22,11 +31,19 @@ from tiletune.kernels.registry import ENTRY_POINT_GROUP, all_kernels, builtin_ke
 from tiletune.kernels.spec import DTYPES, Config, KernelSpec, Shape, torch_dtype
 from tiletune.tuner.bench import KernelBench
 from tiletune.tuner.progress import ProgressBar
-from tiletune.tuner.replay import REPLAY_DIR_ENV, ReplayError, ReplaySpace, load_replay, replay_spaces
-from tiletune.tuner.tune import TuneOptions, TuneReport, tune, tune_replay
+from tiletune.tuner.worker import MAX_BATCH, Worker, WorkerRejectedError
 
+if TYPE_CHECKING:
+    from tiletune.tuner.replay import ReplaySpace
+    from tiletune.tuner.tune import TuneReport
+
+EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 STRATEGIES = ("tpe", "random", "grid")
+#: Same name as ``tiletune.tuner.replay.REPLAY_DIR_ENV`` (not imported here: replay imports Optuna).
+REPLAY_DIR_ENV = "TILETUNE_REPLAY_DIR"
+SERVER_ENV = "TILETUNE_SERVER"
+TOKEN_ENV = "TILETUNE_TOKEN"
 
 
 def parse_dims(text: str) -> dict[str, object]:
@@ -135,6 +152,8 @@ def _tune_text(report: TuneReport) -> str:
 
 
 def _replay_space(args: argparse.Namespace) -> ReplaySpace:
+    from tiletune.tuner.replay import ReplayError, load_replay, replay_spaces
+
     if args.shape is not None or args.dtype is not None:
         raise InputError("shape", "a recorded space has a fixed shape and dtype; omit --shape and --dtype")
     try:
@@ -151,6 +170,9 @@ def _replay_space(args: argparse.Namespace) -> ReplaySpace:
 
 def cmd_tune(args: argparse.Namespace) -> None:
     """Tune one kernel for one shape and dtype on this machine (or on a recorded space)."""
+    from tiletune.tuner.tune import TuneOptions, tune, tune_replay
+
+    quiet_libraries()
     if args.trials is not None and args.trials <= 0:
         raise InputError("trials", f"must be a positive integer, got {args.trials}")
     options = TuneOptions(strategy=args.strategy, trials=args.trials, seed=args.seed, max_time_s=args.time)
@@ -214,6 +236,67 @@ def cmd_bench(args: argparse.Namespace) -> None:
         "results": results,
     }
     _emit(args, document, "\n".join(lines))
+
+
+# -- worker ---------------------------------------------------------------------
+
+
+def _server_url(args: argparse.Namespace) -> str:
+    """``--server``, else ``$TILETUNE_SERVER``; an http(s) URL or :class:`InputError` (field server)."""
+    url = args.server or os.environ.get(SERVER_ENV)
+    if not url:
+        raise InputError("server", f"--server URL (or ${SERVER_ENV}) is required, e.g. http://tuner:8642")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        raise InputError("server", f"--server {url!r} is not a URL ({error})") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise InputError("server", f"--server must be an http:// or https:// URL, got {url!r}")
+    return url
+
+
+def _worker_http(args: argparse.Namespace) -> httpx.Client:
+    """The HTTP client of a worker: the server as base URL, the bearer token when given."""
+    url = _server_url(args)
+    token = args.token or os.environ.get(TOKEN_ENV)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(30.0, connect=10.0))
+
+
+@contextmanager
+def _stop_on_signals(worker: Worker) -> Iterator[None]:
+    """SIGTERM and SIGINT call ``worker.stop()``; a second signal acts as it did before."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle(signum: int, frame: FrameType | None) -> None:
+        logging.getLogger(__name__).info("received %s", signal.Signals(signum).name)
+        worker.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    for sig in previous:
+        signal.signal(sig, handle)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    """Lease tuning jobs from a server and measure them on this machine until stopped."""
+    if not 1 <= args.batch <= MAX_BATCH:
+        raise InputError("batch", f"must be an integer from 1 to {MAX_BATCH}, got {args.batch}")
+    http = _worker_http(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request (heartbeats) is noise
+    with http:
+        worker = Worker(http, backend=args.backend, name=args.name, batch=args.batch)
+        with _stop_on_signals(worker):
+            worker.run(once=args.once)
 
 
 # -- parser ---------------------------------------------------------------------
@@ -288,23 +371,54 @@ def build_parser() -> argparse.ArgumentParser:
         " repeat for more",
     )
     bench_parser.set_defaults(handler=cmd_bench)
+    _add_worker_parser(commands)
     return parser
+
+
+def _add_worker_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``worker`` subcommand."""
+    worker = commands.add_parser(
+        "worker",
+        help="lease tuning jobs from a server and measure them here",
+        description="Register this machine's chip with a tiletune server, lease its tuning jobs, "
+        "measure the configs the server asks for (each checked against the reference first) and "
+        "report them, until stopped. SIGTERM or Ctrl-C finishes the current trial, gives the job "
+        "back and exits; a lost server is waited for with capped exponential backoff.",
+    )
+    worker.add_argument("--server", help=f"server URL, e.g. http://tuner:8642 (default: ${SERVER_ENV})")
+    worker.add_argument(
+        "--backend",
+        choices=(*DEVICE_KINDS, "auto"),
+        default="auto",
+        help="device to measure on (default: auto = npu, else cuda, else cpu)",
+    )
+    worker.add_argument("--token", help=f"bearer token for the server (default: ${TOKEN_ENV})")
+    worker.add_argument("--once", action="store_true", help="exit when the server has no job for this chip")
+    worker.add_argument("--name", help="worker name shown by the server (default: HOSTNAME-PID)")
+    worker.add_argument(
+        "--batch", type=int, default=1, help=f"configs asked per request, 1 to {MAX_BATCH} (default 1)"
+    )
+    worker.set_defaults(handler=cmd_worker)
 
 
 def quiet_libraries() -> None:
     """Keep Optuna's per-trial INFO lines off the terminal: the progress bar says it better."""
+    import optuna
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``tiletune`` console command; returns the exit status."""
     args = build_parser().parse_args(argv)
-    quiet_libraries()
     try:
         args.handler(args)
     except (InputError, DeviceUnavailableError) as error:
         print(f"tiletune {args.command}: error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except WorkerRejectedError as error:
+        print(f"tiletune {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE
     return 0
 
 

@@ -81,8 +81,11 @@ def lease(client: TestClient, worker_id: int) -> dict[str, Any] | None:
 def synthetic_ms(config: dict[str, int]) -> float:
     """A deterministic time: best at tile 4096, buffers 2, depth 2."""
     tile = config["tile_size"]
-    return 1.0 + abs(math.log2(tile) - 12) + 0.3 * abs(config["buffer_num"] - 2) + 0.2 * abs(
-        config["pipeline_depth"] - 2
+    return (
+        1.0
+        + abs(math.log2(tile) - 12)
+        + 0.3 * abs(config["buffer_num"] - 2)
+        + 0.2 * abs(config["pipeline_depth"] - 2)
     )
 
 
@@ -98,7 +101,10 @@ def ask(client: TestClient, token: str, n: int = 1) -> dict[str, Any]:
 
 
 def tell(client: TestClient, token: str, tasks: list[dict[str, Any]]) -> dict[str, Any]:
-    outcomes = [{"trial_id": t["trial_id"], "measurement": measurement(synthetic_ms(t["config"]))} for t in tasks]
+    outcomes = [
+        {"trial_id": task["trial_id"], "measurement": measurement(synthetic_ms(task["config"]))}
+        for task in tasks
+    ]
     response = client.post(f"/v1/leases/{token}/tell", json={"outcomes": outcomes})
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
@@ -113,7 +119,8 @@ def work_job(client: TestClient, token: str, batch: int = 2) -> dict[str, Any]:
             tell(client, token, answer["tasks"])
             continue
         assert answer["phase"] == "validate", answer
-        results = [{"config": c, "measurement": measurement(synthetic_ms(c))} for c in answer["validate_configs"]]
+        configs = answer["validate_configs"]
+        results = [{"config": c, "measurement": measurement(synthetic_ms(c))} for c in configs]
         response = client.post(f"/v1/leases/{token}/complete", json={"results": results})
         assert response.status_code == 200, response.text
         job: dict[str, Any] = response.json()
@@ -257,7 +264,8 @@ def test_release_returns_the_job_and_failed_releases_count(client: TestClient) -
     leased = lease(client, worker)
     assert leased is not None
     ask(client, leased["token"], 2)
-    response = client.post(f"/v1/leases/{leased['token']}/release", json={"reason": "cannot run", "failed": True})
+    release = {"reason": "cannot run", "failed": True}
+    response = client.post(f"/v1/leases/{leased['token']}/release", json=release)
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "queued"
     assert response.json()["failure_reasons"] == ["cannot run"]
@@ -300,7 +308,8 @@ def test_several_workers_share_a_job_without_repeating_configs(client: TestClien
     leases = [lease(client, w) for w in workers]
     assert all(leased is not None for leased in leases)
     tokens = [leased["token"] for leased in leases if leased is not None]
-    assert leases[0] is not None and leases[1] is not None
+    assert leases[0] is not None
+    assert leases[1] is not None
     assert leases[0]["job"]["id"] == leases[1]["job"]["id"]
     asked = [ask(client, token, 3)["tasks"] for token in tokens]
     configs = [tuple(sorted(t["config"].items())) for tasks in asked for t in tasks]
@@ -348,7 +357,8 @@ def test_lookup_falls_back_to_nearest_then_default(client: TestClient) -> None:
     assert default["match"] == "nearest"
     missing = client.get("/v1/configs/add", params={**params, "shape": "n=131072", "match": "exact"})
     assert missing.status_code == 404
-    other_dtype = client.get("/v1/configs/add", params={**params, "shape": "n=65536", "dtype": "float16"}).json()
+    fp16 = {**params, "shape": "n=65536", "dtype": "float16"}
+    other_dtype = client.get("/v1/configs/add", params=fp16).json()
     assert other_dtype["match"] == "default"
     bad = client.get("/v1/configs/add", params={**params, "shape": "n=abc"})
     assert bad.status_code == 422

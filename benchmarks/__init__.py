@@ -1,0 +1,1 @@
+"""Reproducible performance measurements that print JSON (run from the repository root)."""

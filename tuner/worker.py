@@ -1,0 +1,662 @@
+"""The worker process: leases tuning jobs from a tiletune server and measures them on this chip.
+
+Protocol (REST under ``/v1``; every write under a lease carries its fencing token in the path):
+
+1. ``POST /v1/workers`` (:class:`WorkerCreate`: name, chip and its limits, backends, kernels,
+   software fingerprint) -> the worker's id; once per process (again if the server forgets it).
+2. ``POST /v1/leases`` ``{worker_id}`` -> a :class:`LeasePublic` (token, job, ``lease_s``,
+   ``heartbeat_s``), or 204: no job for this chip now (poll again, or exit with ``once``).
+3. While the lease is held, a background thread posts ``/v1/leases/{token}/heartbeat`` every
+   ``heartbeat_s``.
+4. ``POST /v1/leases/{token}/ask?n=batch`` -> :class:`AskPublic`:
+   ``search``: measure each task (constraint, check against the reference, timing) and
+   ``tell`` the outcomes; ``validate``: measure the configs interleaved in one run and
+   ``complete`` (which ends the lease); ``wait``: ask again after ``poll_s``; ``done``: release.
+5. ``POST /v1/leases/{token}/release`` ``{reason, failed}`` ends every other lease this worker ends.
+
+Guarantees:
+
+- One :class:`KernelBench` per job: inputs and the reference output are built once per lease.
+- A wrong or crashing config is an outcome (``invalid`` / ``error``), never a crash of the worker.
+  A job this worker cannot run (unknown kernel, another kernel version, a missing backend, a bad
+  shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
+  unexpected error.
+- Server away (connection errors, timeouts, 5xx): every call is retried with capped exponential
+  backoff (:class:`Backoff`), each failure logged; the worker never crashes for it. Retrying a
+  ``tell`` is safe: the server counts a trial once.
+- Lost lease (409 ``lease_lost`` on any lease call or heartbeat, or no successful renewal for
+  ``lease_s``): the job is dropped at the next step, nothing more is written under that token,
+  and the worker leases again. Outcomes measured but not told are lost; the server re-asks them.
+- :meth:`Worker.stop` (the CLI calls it on SIGTERM and SIGINT): the current trial finishes, the
+  outcomes already measured are told, the lease is released with reason ``"worker stopping"``
+  (a few attempts; failing those it expires on the server and the job returns to the queue),
+  and :meth:`Worker.run` returns.
+- Refusal (401/403, or another 4xx where no job is at stake): :class:`WorkerRejectedError` is raised;
+  it is a configuration error, and retrying would not help.
+
+Imports httpx, pydantic (the wire schemas), tiletune.kernels and the bench harness; never
+Optuna, SQLAlchemy, FastAPI or tiletune.service, so a worker node needs none of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from tiletune.client.wire import (
+    MAX_ASK,
+    AskPublic,
+    ChipWire,
+    CompleteCreate,
+    Config,
+    ErrorBody,
+    LeaseCreate,
+    LeasedJob,
+    LeasePublic,
+    MeasurementWire,
+    ReleaseCreate,
+    Task,
+    TellCreate,
+    TellPublic,
+    TrialOutcome,
+    ValidatedConfig,
+    WorkerCreate,
+    WorkerPublic,
+)
+from tiletune.kernels.device import Device, get_device, software_fingerprint
+from tiletune.kernels.errors import InputError, UnknownKernelError
+from tiletune.kernels.registry import all_kernels, get_kernel
+from tiletune.kernels.spec import torch_dtype
+from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
+
+logger = logging.getLogger(__name__)
+
+STOP_REASON = "worker stopping"
+#: The most configs one ``ask`` may request (the server's limit on ``n``).
+MAX_BATCH = MAX_ASK
+#: Attempts at releasing a lease when stopping: a stopping worker does not wait for the server.
+STOP_RELEASE_ATTEMPTS = 3
+LEASE_LOST_CODE = "lease_lost"
+
+Sleep = Callable[[float], object]
+Clock = Callable[[], float]
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+# -- errors ----------------------------------------------------------------------------------------
+
+
+class WorkerRejectedError(RuntimeError):
+    """The server refuses this worker (bad token, rejected registration): retrying will not help."""
+
+
+class LeaseLostError(Exception):
+    """The lease ended (expired, taken over, job cancelled): write nothing more under its token."""
+
+
+class RequestRejectedError(Exception):
+    """The server answered a 4xx other than ``lease_lost``, or a body that is not the schema."""
+
+    def __init__(self, path: str, status: int, error: ErrorBody | None, text: str) -> None:
+        detail = f"{error.code}: {error.message}" if error else text[:300]
+        super().__init__(f"{path} answered {status} ({detail})")
+        self.status = status
+        self.error = error
+
+
+class ServerUnreachableError(Exception):
+    """The server stayed unreachable (or 5xx) for all the attempts a call was allowed."""
+
+
+class StopRequestedError(Exception):
+    """:meth:`Worker.stop` was called while a call was waiting for the server."""
+
+
+class UnsupportedJobError(Exception):
+    """This worker cannot run the leased job; the message says why."""
+
+
+# -- backoff ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff: ``initial_s · factor^attempt``, at most ``max_s``.
+
+    ``jitter`` shortens each delay by a random fraction up to it (never lengthens
+    it), so a fleet of workers does not reconnect in lockstep after an outage.
+    """
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    factor: float = 2.0
+    jitter: float = 0.1
+
+    def delay_s(self, attempt: int) -> float:
+        """The delay before retry number ``attempt + 1`` (``attempt`` counts from 0)."""
+        capped = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
+        return capped * (1.0 - self.jitter * random.random())
+
+
+# -- the protocol's calls --------------------------------------------------------------------------
+
+
+class ServerApi:
+    """Typed calls of the worker protocol over an ``httpx.Client`` (its ``base_url`` is the server).
+
+    A call that meets a transport error or a 5xx is retried with ``backoff``
+    until it succeeds, ``attempts`` are spent (:class:`ServerUnreachableError`), or, for
+    unbounded calls, ``stopping`` is set (:class:`StopRequestedError`). 409 ``lease_lost``
+    raises :class:`LeaseLostError`; any other 4xx :class:`RequestRejectedError`.
+    """
+
+    def __init__(self, http: httpx.Client, backoff: Backoff, sleep: Sleep, stopping: threading.Event) -> None:
+        self._http = http
+        self._backoff = backoff
+        self._sleep = sleep
+        self._stopping = stopping
+
+    def register(self, body: WorkerCreate) -> WorkerPublic:
+        """``POST /v1/workers``."""
+        return _parse(WorkerPublic, self._post("/v1/workers", body))
+
+    def lease(self, worker_id: int) -> LeasePublic | None:
+        """``POST /v1/leases``: a lease, or None when there is no job for this worker now."""
+        response = self._post("/v1/leases", LeaseCreate(worker_id=worker_id))
+        return None if response.status_code == 204 else _parse(LeasePublic, response)
+
+    def heartbeat(self, token: str) -> LeasePublic:
+        """``POST /v1/leases/{token}/heartbeat``, one attempt (the heartbeat thread is the retry)."""
+        return _parse(LeasePublic, self._post(f"/v1/leases/{token}/heartbeat", None, attempts=1))
+
+    def ask(self, token: str, n: int) -> AskPublic:
+        """``POST /v1/leases/{token}/ask?n=``."""
+        return _parse(AskPublic, self._post(f"/v1/leases/{token}/ask", None, params={"n": n}))
+
+    def tell(self, token: str, outcomes: Sequence[TrialOutcome]) -> TellPublic:
+        """``POST /v1/leases/{token}/tell``; idempotent, so retrying is safe."""
+        body = TellCreate(outcomes=list(outcomes))
+        return _parse(TellPublic, self._post(f"/v1/leases/{token}/tell", body))
+
+    def complete(self, token: str, results: Sequence[ValidatedConfig]) -> None:
+        """``POST /v1/leases/{token}/complete``."""
+        self._post(f"/v1/leases/{token}/complete", CompleteCreate(results=list(results)))
+
+    def release(self, token: str, reason: str, failed: bool, attempts: int | None = None) -> None:
+        """``POST /v1/leases/{token}/release``."""
+        body = ReleaseCreate(reason=reason[:2000], failed=failed)
+        self._post(f"/v1/leases/{token}/release", body, attempts=attempts)
+
+    def _post(
+        self,
+        path: str,
+        body: BaseModel | None,
+        *,
+        params: dict[str, int] | None = None,
+        attempts: int | None = None,
+    ) -> httpx.Response:
+        failures = 0
+        while True:
+            answer = self._try_post(path, body, params)
+            if isinstance(answer, httpx.Response):
+                if failures:
+                    logger.info("server answers again (%s, after %d failed attempts)", path, failures)
+                return _checked(path, answer)
+            failures += 1
+            if attempts is not None and failures >= attempts:
+                raise ServerUnreachableError(f"{path}: {answer}")
+            delay_s = self._backoff.delay_s(failures - 1)
+            logger.warning("server away: %s: %s; retry %d in %.1f s", path, answer, failures, delay_s)
+            self._sleep(delay_s)
+            if attempts is None and self._stopping.is_set():
+                raise StopRequestedError(path)
+
+    def _try_post(
+        self, path: str, body: BaseModel | None, params: dict[str, int] | None
+    ) -> httpx.Response | str:
+        """The response (below 500), or what went wrong as text."""
+        payload = body.model_dump(mode="json") if body is not None else None
+        try:
+            response = self._http.post(path, json=payload, params=params)
+        except httpx.TransportError as error:
+            return f"{type(error).__name__}: {error}"
+        if response.status_code >= 500:
+            return f"HTTP {response.status_code}: {response.text[:200]}"
+        return response
+
+
+def _error_body(response: httpx.Response) -> ErrorBody | None:
+    try:
+        return ErrorBody.model_validate(response.json())
+    except ValueError:  # not JSON, or not an ErrorBody (ValidationError is a ValueError)
+        return None
+
+
+def _checked(path: str, response: httpx.Response) -> httpx.Response:
+    """``response`` if 2xx; 409 lease_lost: :class:`LeaseLostError`; else :class:`RequestRejectedError`."""
+    if response.is_success:
+        return response
+    error = _error_body(response)
+    if response.status_code == 409 and error is not None and error.code == LEASE_LOST_CODE:
+        raise LeaseLostError(error.message)
+    raise RequestRejectedError(path, response.status_code, error, response.text)
+
+
+def _parse(model: type[_Model], response: httpx.Response) -> _Model:
+    try:
+        return model.model_validate(response.json())
+    except ValueError as error:
+        path = response.request.url.path
+        raise RequestRejectedError(
+            path, response.status_code, None, f"not a {model.__name__}: {error}"
+        ) from None
+
+
+# -- heartbeats ------------------------------------------------------------------------------------
+
+
+class Heartbeat:
+    """Renews one lease from a daemon thread every ``heartbeat_s`` until stopped or lost.
+
+    A failed heartbeat (server away) is retried at the next beat; a 409
+    ``lease_lost`` ends the thread. :meth:`check` raises :class:`LeaseLostError` once
+    the server said so, or when no renewal succeeded for ``lease_s`` (the
+    server has expired the lease by then).
+    """
+
+    def __init__(self, api: ServerApi, lease: LeasePublic, clock: Clock) -> None:
+        self._api = api
+        self._lease = lease
+        self._clock = clock
+        self._renewed_at = clock()
+        self._lost: str | None = None
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-job-{lease.job.id}", daemon=True)
+
+    def start(self) -> None:
+        """Start beating."""
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop beating (waits briefly for a beat in flight; a late one is ignored)."""
+        self._done.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=1.0)
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLostError` when the lease is known or presumed lost."""
+        if self._lost is not None:
+            raise LeaseLostError(self._lost)
+        silent_s = self._clock() - self._renewed_at
+        if silent_s > self._lease.lease_s:
+            raise LeaseLostError(
+                f"no heartbeat got through for {silent_s:.0f} s (lease_s {self._lease.lease_s})"
+            )
+
+    def _loop(self) -> None:
+        while not self._done.wait(self._lease.heartbeat_s):
+            if not self._beat():
+                return
+
+    def _beat(self) -> bool:
+        """One renewal; False once the lease is lost."""
+        try:
+            self._api.heartbeat(self._lease.token)
+        except LeaseLostError as lost:
+            self._lost = str(lost) or "the server ended the lease"
+            return False
+        except (ServerUnreachableError, RequestRejectedError) as error:
+            if not self._done.is_set():
+                logger.warning("job %d: heartbeat failed (%s)", self._lease.job.id, error)
+            return True
+        self._renewed_at = self._clock()
+        return True
+
+
+# -- measuring -------------------------------------------------------------------------------------
+
+
+def wire_measurement(measurement: Measurement) -> MeasurementWire:
+    """The wire form of a bench measurement (raises ``ValidationError`` for non-positive times)."""
+    return MeasurementWire(**measurement.as_dict())
+
+
+def outcome_of(trial_id: int, result: TrialResult) -> TrialOutcome:
+    """A bench result as the outcome of trial ``trial_id``: measurement, else invalid, else error."""
+    if result.measurement is not None:
+        try:
+            return TrialOutcome(trial_id=trial_id, measurement=wire_measurement(result.measurement))
+        except ValidationError:
+            return TrialOutcome(trial_id=trial_id, error=f"unusable measurement {result.measurement}")
+    if result.invalid is not None:
+        return TrialOutcome(trial_id=trial_id, invalid=result.invalid)
+    return TrialOutcome(trial_id=trial_id, error=result.error or "no measurement and no reason given")
+
+
+def _rejection(bench: KernelBench, config: Config) -> str | None:
+    """Why ``config`` cannot be timed (outside the space, invalid, wrong), or None."""
+    try:
+        bench.spec.parse_config(config, bench.shape)
+    except InputError as error:
+        return str(error)
+    verdict = bench.check(config)
+    return None if verdict is None else verdict.invalid or verdict.error or "rejected"
+
+
+def validated_results(bench: KernelBench, configs: Sequence[Config]) -> list[ValidatedConfig]:
+    """Check each config, then measure the good ones interleaved in one run; results in given order."""
+    rejections = [_rejection(bench, config) for config in configs]
+    runnable = [config for config, reason in zip(configs, rejections, strict=True) if reason is None]
+    measurements: list[Measurement] = []
+    try:
+        measurements = bench.compare(runnable) if runnable else []
+    except Exception as error:  # a crash of the interleaved run is a result, not a worker crash
+        failure = f"interleaved run failed: {type(error).__name__}: {error}"
+        rejections = [reason or failure for reason in rejections]
+    measured = iter(measurements)
+    results: list[ValidatedConfig] = []
+    for config, reason in zip(configs, rejections, strict=True):
+        if reason is not None:
+            results.append(ValidatedConfig(config=config, error=reason))
+            continue
+        try:
+            results.append(ValidatedConfig(config=config, measurement=wire_measurement(next(measured))))
+        except ValidationError as error:
+            results.append(ValidatedConfig(config=config, error=f"unusable measurement: {error}"))
+    return results
+
+
+# -- the worker ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Release:
+    """How a job ends for this worker: the release to send (``attempts``: None retries until stopped)."""
+
+    reason: str
+    failed: bool = False
+    attempts: int | None = None
+
+
+@dataclass
+class _Job:
+    """One leased job in progress."""
+
+    lease: LeasePublic
+    heartbeat: Heartbeat
+    bench: KernelBench
+    best_ms: float | None = None
+
+    @property
+    def label(self) -> str:
+        job = self.lease.job
+        return f"job {job.id} ({job.kernel} {job.dtype})"
+
+
+class Worker:
+    """Leases jobs from a tiletune server, measures them on one device, reports them.
+
+    ``http``'s ``base_url`` is the server (tests pass Starlette's ``TestClient``);
+    ``backend`` is the device kind (``cpu``, ``cuda``, ``npu``, ``auto``), unless
+    ``device`` is given; the kernel implementation comes from each job. ``batch``
+    configs are asked per ``ask``. ``sleep`` waits between polls and retries
+    (default: an interruptible wait that :meth:`stop` cuts short); ``clock``
+    (seconds) judges lease expiry. See the module docstring for the protocol
+    and the guarantees.
+    """
+
+    def __init__(
+        self,
+        http: httpx.Client,
+        *,
+        backend: str = "auto",
+        name: str | None = None,
+        bench: BenchSettings | None = None,
+        batch: int = 1,
+        sleep: Sleep | None = None,
+        clock: Clock = time.monotonic,
+        backoff: Backoff | None = None,
+        poll_s: float = 1.0,
+        device: Device | None = None,
+    ) -> None:
+        if not 1 <= batch <= MAX_BATCH:
+            raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
+        self._stopping = threading.Event()
+        self._sleep: Sleep = sleep if sleep is not None else self._stopping.wait
+        self._api = ServerApi(http, backoff or Backoff(), self._sleep, self._stopping)
+        self._device = device if device is not None else get_device(backend)
+        self._bench_settings = bench or BenchSettings()
+        self._clock = clock
+        self._poll_s = poll_s
+        self.batch = batch
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}"
+        self.worker_id: int | None = None
+
+    @property
+    def device(self) -> Device:
+        """The device this worker measures on."""
+        return self._device
+
+    @property
+    def stopping(self) -> bool:
+        """True once :meth:`stop` was called."""
+        return self._stopping.is_set()
+
+    def stop(self) -> None:
+        """Ask the worker to stop: finish the current trial, release the lease, return from run.
+
+        Safe from any thread and from signal handlers; calling it again does nothing more.
+        """
+        if not self._stopping.is_set():
+            logger.info("worker %s: stopping after the current trial", self.name)
+        self._stopping.set()
+
+    def registration(self) -> WorkerCreate:
+        """What this worker tells the server about itself: chip, limits, backends, kernels, software."""
+        chip = self._device.chip
+        kernels = all_kernels()
+        return WorkerCreate(
+            name=self.name,
+            chip=ChipWire(
+                name=chip.name,
+                kind=chip.kind,
+                local_memory_bytes=chip.limits.local_memory_bytes,
+                max_buffer_num=chip.limits.max_buffer_num,
+                alignment_bytes=chip.limits.alignment_bytes,
+            ),
+            backends=sorted({backend for spec in kernels.values() for backend in spec.backends()}),
+            kernels=sorted(kernels),
+            software=software_fingerprint(),
+        )
+
+    def register(self) -> int:
+        """Register with the server (retrying while it is away); returns and keeps the worker id.
+
+        Raises :class:`WorkerRejectedError` when the server refuses the registration,
+        :class:`StopRequestedError` when stopped while waiting for the server.
+        """
+        try:
+            worker = self._api.register(self.registration())
+        except RequestRejectedError as error:
+            raise WorkerRejectedError(f"registration refused: {error}") from None
+        self.worker_id = worker.id
+        logger.info("worker %s registered as %d on %s", self.name, worker.id, worker.chip)
+        return worker.id
+
+    def run(self, max_jobs: int | None = None, once: bool = False) -> int:
+        """Lease and work jobs until stopped (or ``max_jobs`` are worked); returns the jobs worked.
+
+        With ``once``, return as soon as the server has no job for this worker
+        instead of polling every ``poll_s``. Never raises for a lost server or a
+        lost lease; raises :class:`WorkerRejectedError` when the server refuses it.
+        """
+        worked = 0
+        try:
+            if self.worker_id is None and not self.stopping:
+                self.register()
+            while not self.stopping and (max_jobs is None or worked < max_jobs):
+                lease = self._lease()
+                if lease is None:
+                    if once:
+                        logger.info("worker %s: no job for this chip; exiting (once)", self.name)
+                        break
+                    self._sleep(self._poll_s)
+                    continue
+                self._work(lease)
+                worked += 1
+        except StopRequestedError:
+            pass
+        logger.info("worker %s: stopped after %d job(s)", self.name, worked)
+        return worked
+
+    # -- one job -----------------------------------------------------------------------------------
+
+    def _lease(self) -> LeasePublic | None:
+        """A lease, or None; registers again if the server has forgotten this worker."""
+        assert self.worker_id is not None
+        try:
+            return self._api.lease(self.worker_id)
+        except RequestRejectedError as error:
+            if error.status != 404:
+                raise WorkerRejectedError(f"lease refused: {error}") from None
+            logger.warning(
+                "worker %s: the server does not know worker %d; registering again", self.name, self.worker_id
+            )
+            self.register()
+            return None
+
+    def _work(self, lease: LeasePublic) -> None:
+        """Run one leased job to its end, heartbeating meanwhile, then release it unless lost."""
+        job = lease.job
+        logger.info("leased job %d: %s %s %s (%s)", job.id, job.kernel, job.shape, job.dtype, job.backend)
+        heartbeat = Heartbeat(self._api, lease, self._clock)
+        heartbeat.start()
+        try:
+            release = self._attempt(lease, heartbeat)
+        finally:
+            heartbeat.stop()
+        if release is not None:
+            self._release(lease, release)
+
+    def _attempt(self, lease: LeasePublic, heartbeat: Heartbeat) -> _Release | None:
+        """Drive the job; map how it ended to a release (None: the lease is over, send nothing)."""
+        job_id = lease.job.id
+        try:
+            return self._drive(_Job(lease, heartbeat, self._bench_for(lease.job)))
+        except LeaseLostError as lost:
+            logger.warning("job %d: lease lost (%s); dropping the job", job_id, lost)
+            return None
+        except StopRequestedError:
+            return _Release(STOP_REASON, attempts=STOP_RELEASE_ATTEMPTS)
+        except UnsupportedJobError as error:
+            logger.warning("job %d: cannot run it here: %s", job_id, error)
+            return _Release(f"worker {self.name} cannot run this job: {error}", failed=True)
+        except RequestRejectedError as error:
+            logger.error("job %d: %s", job_id, error)
+            return _Release(f"server rejected the worker's request: {error}", failed=True)
+        except Exception as error:  # a bug or a broken device must not kill the worker
+            logger.exception("job %d: unexpected error", job_id)
+            return _Release(f"worker error: {type(error).__name__}: {error}", failed=True)
+
+    def _release(self, lease: LeasePublic, release: _Release) -> None:
+        """Give the lease back; a lease already gone or a server away is only logged."""
+        try:
+            self._api.release(lease.token, release.reason, release.failed, attempts=release.attempts)
+        except LeaseLostError:
+            logger.info("job %d: lease already ended on release", lease.job.id)
+            return
+        except (RequestRejectedError, ServerUnreachableError) as error:
+            logger.warning("job %d: release failed (%s); the lease will expire", lease.job.id, error)
+            return
+        logger.info(
+            "job %d: released (%s%s)", lease.job.id, release.reason, ", failed" if release.failed else ""
+        )
+
+    def _bench_for(self, job: LeasedJob) -> KernelBench:
+        """The job's bench (inputs, reference built once); :class:`UnsupportedJobError` if it cannot run."""
+        try:
+            spec = get_kernel(job.kernel)
+        except UnknownKernelError as error:
+            raise UnsupportedJobError(str(error)) from None
+        if spec.version != job.kernel_version:
+            raise UnsupportedJobError(
+                f"kernel {spec.name} is version {spec.version} here, the job wants "
+                f"version {job.kernel_version}"
+            )
+        if job.backend not in spec.backends():
+            raise UnsupportedJobError(
+                f"kernel {spec.name} has no backend {job.backend!r} here "
+                f"(it has {', '.join(spec.backends())})"
+            )
+        try:
+            shape = spec.parse_shape(job.shape)
+            torch_dtype(job.dtype)
+        except InputError as error:
+            raise UnsupportedJobError(str(error)) from None
+        return KernelBench(spec, shape, job.dtype, self._device, job.backend, self._bench_settings)
+
+    def _drive(self, job: _Job) -> _Release | None:
+        """Ask and answer until the server says ``done`` or the job is validated (lease ended)."""
+        while True:
+            self._step(job)
+            answer = self._api.ask(job.lease.token, self.batch)
+            if answer.phase == "search" and answer.tasks:
+                self._search(job, answer.tasks)
+            elif answer.phase == "validate":
+                return self._validate(job, answer.validate_configs)
+            elif answer.phase == "done":
+                return _Release("job done")
+            else:  # wait, or a search with nothing to measure yet
+                self._sleep(self._poll_s)
+
+    def _step(self, job: _Job) -> None:
+        """Between steps: drop a lost lease first (no more writes), then honour a stop."""
+        job.heartbeat.check()
+        if self.stopping:
+            raise StopRequestedError(job.label)
+
+    def _search(self, job: _Job, tasks: Sequence[Task]) -> None:
+        """Measure tasks one by one (stopping after the current one if asked), then tell them."""
+        outcomes: list[TrialOutcome] = []
+        for task in tasks:
+            if self.stopping:
+                break
+            job.heartbeat.check()
+            outcomes.append(self._measure(job, task))
+        if outcomes:
+            job.heartbeat.check()
+            told = self._api.tell(job.lease.token, outcomes)
+            logger.debug("%s: told %d (%d repeated)", job.label, told.accepted, told.repeated)
+
+    def _measure(self, job: _Job, task: Task) -> TrialOutcome:
+        """One task: a config outside the kernel's space is invalid, else the bench decides."""
+        try:
+            config = job.bench.spec.parse_config(task.config, job.bench.shape)
+        except InputError as error:
+            return TrialOutcome(trial_id=task.trial_id, invalid=str(error))
+        result = job.bench.evaluate(config, job.best_ms)
+        measurement = result.measurement
+        if measurement is not None and not measurement.pruned:
+            job.best_ms = min(job.best_ms or measurement.median_ms, measurement.median_ms)
+        return outcome_of(task.trial_id, result)
+
+    def _validate(self, job: _Job, configs: Sequence[Config]) -> _Release | None:
+        """The final interleaved run of the server's top configs, then ``complete`` (ends the lease)."""
+        if not configs:
+            return _Release("the server asked to validate no configs", failed=True)
+        logger.info("%s: validating %d configs interleaved", job.label, len(configs))
+        results = validated_results(job.bench, configs)
+        job.heartbeat.check()
+        self._api.complete(job.lease.token, results)
+        logger.info("%s: validation run reported; the job is complete", job.label)
+        return None
