@@ -52,9 +52,15 @@ def history(
     return store.history(spec.name, spec.canonical_shape(parsed), dtype, chip)
 
 
+@router.get("/livez")
+def livez() -> dict[str, str]:
+    """``ok`` while the process serves (a liveness probe that does not depend on the database)."""
+    return {"status": "ok"}
+
+
 @router.get("/healthz")
 def healthz(store: StoreDep) -> dict[str, str]:
-    """``ok`` when the database answers."""
+    """``ok`` when the database answers (readiness)."""
     store.counts()
     return {"status": "ok"}
 

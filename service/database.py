@@ -2,8 +2,11 @@
 
 Engines are made by :func:`make_engine`, never at import time. SQLite gets
 WAL journaling, a busy timeout and enforced foreign keys on every connection,
-so a server and a test can use one file at once; PostgreSQL URLs are taken as
-given (``postgresql://`` is read as psycopg 3).
+and every transaction starts with ``BEGIN IMMEDIATE`` (it takes the write lock
+at once, waiting up to the busy timeout, instead of failing with "database is
+locked" when a reader later tries to write), so a server, its threads and a
+test can use one file at once; PostgreSQL URLs are taken as given
+(``postgresql://`` is read as psycopg 3).
 """
 
 from __future__ import annotations
@@ -49,15 +52,21 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
     event.listen(engine, "connect", _configure_sqlite)
+    event.listen(engine, "begin", _begin_immediate)
     return engine
 
 
 def _configure_sqlite(connection: Any, _record: Any) -> None:
+    connection.isolation_level = None  # the driver's own BEGIN is off: _begin_immediate issues it
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _begin_immediate(connection: Any) -> None:
+    connection.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_sessions(engine: Engine) -> sessionmaker[Session]:

@@ -151,6 +151,8 @@ class JobQueue:
         Raises :class:`LeaseLostError` when the lease is unknown, ended or expired.
         """
         query = select(LeaseRow).where(LeaseRow.token == token)
+        if self._postgres:  # lease row, then job row: the order reap takes them in too
+            query = query.with_for_update()
         lease = session.scalar(query)
         if lease is None:
             raise LeaseLostError("no such lease; lease a job again", field="token")
@@ -198,6 +200,8 @@ class JobQueue:
     def expired(self, session: Session, now: datetime) -> list[LeaseRow]:
         """Leases past their expiry and not yet ended."""
         query = select(LeaseRow).where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at <= now)
+        if self._postgres:  # another replica reaping at once takes the others
+            query = query.with_for_update(skip_locked=True)
         return [lease for lease in session.scalars(query) if aware(lease.expires_at) <= now]
 
     def reap(self) -> list[tuple[int, int]]:
@@ -205,7 +209,7 @@ class JobQueue:
         reaped = []
         with self.store.sessions.begin() as session:
             for lease in self.expired(session, self.store.clock()):
-                job = session.get_one(JobRow, lease.job_id)
+                job = session.get_one(JobRow, lease.job_id, with_for_update=self._postgres)
                 self.end(session, lease, job, f"lease {lease.id} expired without a heartbeat", failed=True)
                 reaped.append((job.id, lease.id))
         return reaped

@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from tiletune.client.nearest import nearest
@@ -112,10 +113,19 @@ class Store:
     # -- chips and workers ------------------------------------------------------------------
 
     def register_worker(self, request: WorkerCreate) -> tuple[WorkerRow, ChipRow]:
-        """Record a worker, its chip (limits updated) and its software fingerprint."""
+        """Record a worker, its chip (limits updated) and its software fingerprint.
+
+        Workers of a new chip registering at once race to create it; the loser tries again.
+        """
         for index, backend in enumerate(request.backends):
             if not backend:
                 raise InvalidInputError("backend names must not be empty", field=f"backends[{index}]")
+        try:
+            return self._register_worker(request)
+        except IntegrityError:
+            return self._register_worker(request)
+
+    def _register_worker(self, request: WorkerCreate) -> tuple[WorkerRow, ChipRow]:
         now = self.clock()
         with self.sessions.begin() as session:
             chip = self._upsert_chip(session, request.chip, now)

@@ -31,6 +31,9 @@ from tiletune.tuner.search import Search, SearchSpace
 #: The PostgreSQL schema of Optuna's tables.
 OPTUNA_SCHEMA = "optuna"
 
+#: Advisory lock key held while Optuna creates its tables (replicas starting at once).
+OPTUNA_SETUP_LOCK = 0x7417E7C2
+
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
@@ -57,12 +60,26 @@ def make_storage(url: str) -> optuna.storages.BaseStorage:
     if is_sqlite(url):
         engine_kwargs["connect_args"] = {"timeout": 30}
     elif make_url(url).get_backend_name() == "postgresql":
-        engine = create_engine(url)
-        with engine.begin() as connection:
-            connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
-        engine.dispose()
         engine_kwargs["connect_args"] = {"options": f"-csearch_path={OPTUNA_SCHEMA}"}
+        return _postgres_storage(url, engine_kwargs)
     return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+
+
+def _postgres_storage(url: str, engine_kwargs: dict[str, Any]) -> optuna.storages.BaseStorage:
+    """Optuna's storage in its schema, set up under an advisory lock (Optuna's own DDL is not)."""
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": OPTUNA_SETUP_LOCK})
+            try:
+                connection.execute(text(f"CREATE SCHEMA IF NOT EXISTS {OPTUNA_SCHEMA}"))
+                connection.commit()
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs)
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": OPTUNA_SETUP_LOCK})
+                connection.commit()
+    finally:
+        engine.dispose()
 
 
 class StudyHost:
