@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse
 
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_sweeps, api_workers
-from tiletune.service.database import make_engine, make_sessions
+from tiletune.service.database import is_sqlite, make_engine, make_sessions
 from tiletune.service.errors import ServiceError
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.settings import Settings
@@ -53,7 +53,8 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         store,
         LeaseSettings(settings.lease_s, settings.heartbeat_s, settings.max_lease_failures),
     )
-    studies = StudyHost(make_storage(optuna_storage_url(settings.db_url, settings.optuna_url)))
+    optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
+    studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
     return Services(settings, store, queue, Tuning(store, queue, studies))
 
 

@@ -4,7 +4,10 @@ Each job owns the study ``job-<id>`` in Optuna's storage. A
 :class:`~tiletune.tuner.search.Search` is built over it on first use (seeded
 with the default config and the best configs of the nearest tuned shapes) and
 kept in memory; after a restart it is rebuilt from the study, outstanding
-trials included. Calls for one job are serialised by its lock.
+trials included. Calls for one job are serialised by its lock. With
+``shared`` storage (PostgreSQL: several server replicas may serve one job,
+each call under the job's row lock) a kept search is rebuilt whenever the
+study holds trials it has not seen.
 
 Where Optuna's tables live (``optuna_storage_url``): for a SQLite database
 ``X.db`` the file ``X.optuna.db``; for PostgreSQL the same database, schema
@@ -85,8 +88,9 @@ def _postgres_storage(url: str, engine_kwargs: dict[str, Any]) -> optuna.storage
 class StudyHost:
     """The searches of running jobs, one per job, each behind its own lock."""
 
-    def __init__(self, storage: optuna.storages.BaseStorage) -> None:
+    def __init__(self, storage: optuna.storages.BaseStorage, shared: bool = False) -> None:
         self.storage = storage
+        self.shared = shared
         self._searches: dict[int, Search] = {}
         self._locks: dict[int, threading.RLock] = {}
         self._guard = threading.Lock()
@@ -99,7 +103,7 @@ class StudyHost:
     def search(self, job: JobRow, limits: DeviceLimits, warm_start: Sequence[Config] = ()) -> Search:
         """The job's search, built (or resumed from its study) on first use; hold :meth:`lock`."""
         found = self._searches.get(job.id)
-        if found is not None:
+        if found is not None and not self._stale(found, job.id):
             return found
         spec = lookup_kernel(job.kernel)
         shape, dtype = dict(job.shape), job.dtype
@@ -122,8 +126,15 @@ class StudyHost:
         return search
 
     def cached(self, job_id: int) -> Search | None:
-        """The job's search if it is in memory."""
-        return self._searches.get(job_id)
+        """The job's search if it is in memory and up to date."""
+        found = self._searches.get(job_id)
+        return found if found is not None and not self._stale(found, job_id) else None
+
+    def _stale(self, search: Search, job_id: int) -> bool:
+        if not self.shared:
+            return False
+        study_id = self.storage.get_study_id_from_name(f"job-{job_id}")
+        return bool(self.storage.get_n_trials(study_id) != search.trials_seen)
 
     def forget(self, job_id: int) -> None:
         """Drop a finished job's search from memory (its study stays in storage)."""

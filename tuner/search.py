@@ -484,6 +484,7 @@ class Search:
             load_if_exists=True,
         )
         self._seeds: list[Key] = []
+        self._trials_seen = 0
         if not self._restore():
             self._seeds = self._seed_keys()
 
@@ -585,6 +586,15 @@ class Search:
         self._study.tell(pending.trial, state=TrialState.FAIL)
         self._seeds.insert(0, pending.key)
         self._stop_reason = None
+
+    @property
+    def trials_seen(self) -> int:
+        """Trials of the study this object created or took up.
+
+        Fewer than the study holds means another process added some: this
+        object is stale, and a new ``Search`` over the study resumes it.
+        """
+        return self._trials_seen
 
     @property
     def outstanding_ids(self) -> list[int]:
@@ -699,11 +709,13 @@ class Search:
         """Ask Optuna for a trial with the given config (``enqueue_trial``)."""
         self._study.enqueue_trial(self._enc.params(key))
         trial = self._study.ask(self._enc.distributions)
+        self._trials_seen += 1
         return self._register(trial, self._enc.key_from_params(trial.params))
 
     def _start_sampled(self) -> Candidate | None:
         """Ask the sampler; an invalid or repeated proposal is answered at once (``None``)."""
         trial = self._study.ask(self._enc.distributions)
+        self._trials_seen += 1
         key = self._enc.key_from_params(trial.params)
         reason = self._invalid_reason(key)
         if reason is not None:
@@ -850,6 +862,7 @@ class Search:
     def _restore(self) -> bool:
         """Take up an existing study's trials (a resumed job); ``False`` when the study is new."""
         trials = self._study.get_trials(deepcopy=False)
+        self._trials_seen = len(trials)
         for frozen in trials:
             self._restore_trial(frozen)
         return bool(trials)

@@ -20,6 +20,8 @@ from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 
+from .conftest import postgres_database
+
 CHIP = {"name": "cpu/Test Chip (AVX2)/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
 LEASE_S = 60.0
 
@@ -384,3 +386,26 @@ def test_health_metrics_and_openapi(client: TestClient) -> None:
     assert 'tiletune_jobs{state="queued"} 1' in client.get("/metrics").text
     paths = client.get("/openapi.json").json()["paths"]
     assert "/v1/leases/{token}/ask" in paths
+
+
+def test_two_replicas_over_postgres_serve_one_job_without_repeating_a_config(clock: ManualClock) -> None:
+    with postgres_database() as url:
+        upgrade(url)
+        settings = Settings(db_url=url, lease_s=LEASE_S)
+        with (
+            TestClient(create_app(settings, clock=clock, reaper=False)) as first,
+            TestClient(create_app(settings, clock=clock, reaper=False)) as second,
+        ):
+            worker = register(first)
+            submit(second, trials=8)
+            leased = lease(first, worker)
+            assert leased is not None
+            asked: list[tuple[tuple[str, int], ...]] = []
+            for turn in range(8):
+                replica = (first, second)[turn % 2]
+                tasks = ask(replica, leased["token"])["tasks"]
+                asked += [tuple(sorted(task["config"].items())) for task in tasks]
+                tell(replica, leased["token"], tasks)
+            assert len(asked) == len(set(asked)) == 8
+            assert ask(first, leased["token"])["phase"] == "validate"
+            assert first.get(f"/v1/jobs/{leased['job']['id']}").json()["progress"]["completed"] == 8
