@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -109,11 +109,21 @@ async def _service_error(_request: Request, error: Exception) -> Response:
 async def _validation_error(_request: Request, error: Exception) -> Response:
     assert isinstance(error, RequestValidationError)
     first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
-    location = [str(part) for part in first.get("loc", ()) if part not in ("body", "query", "path")]
-    field = ".".join(location) or None
+    field = field_path(first.get("loc", ()))
     message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
     body = ErrorBody(code="invalid", message=message, field=field)
     return JSONResponse(body.model_dump(), status_code=422)
+
+
+def field_path(location: Sequence[int | str]) -> str | None:
+    """A validation error's location as one path: ``("body", "shapes", 0, "n")`` -> ``shapes[0].n``."""
+    path = ""
+    for part in location:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part not in ("body", "query", "path", "header"):
+            path += f".{part}" if path else part
+    return path or None
 
 
 def _body_limit(

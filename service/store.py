@@ -235,7 +235,8 @@ class Store:
             try:
                 shapes.append(spec.parse_shape(shape))
             except InputError as error:
-                raise InvalidInputError(error.reason, field=f"shapes[{index}].{error.field}") from error
+                field = error.field.replace("shape", f"shapes[{index}]", 1)  # shape.n -> shapes[0].n
+                raise InvalidInputError(error.reason, field=field) from error
         return list({spec.canonical_shape(s): s for s in shapes}.values())
 
     def _new_job(

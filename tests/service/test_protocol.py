@@ -175,7 +175,8 @@ def test_every_trial_is_kept_with_its_outcome(client: TestClient) -> None:
     [
         ({"kernel": "nope", "shapes": [{"n": 1}]}, "kernel"),
         ({"kernel": "add", "shapes": [{"m": 1}]}, "shapes[0]"),
-        ({"kernel": "add", "shapes": [{"n": 0}]}, "shapes[0]"),
+        ({"kernel": "add", "shapes": [{"n": 0}]}, "shapes[0].n"),
+        ({"kernel": "add", "shapes": [{"n": "many"}]}, "shapes[0].n"),
         ({"kernel": "add", "shapes": [{"n": 8}], "dtypes": ["int3"]}, "dtypes[0]"),
         ({"kernel": "add", "shapes": [{"n": 8}], "trials": 0}, "trials"),
         ({"kernel": "add", "shapes": [{"n": 8}], "strategy": "magic"}, "strategy"),
@@ -189,7 +190,7 @@ def test_a_bad_sweep_names_the_field_and_changes_nothing(
     assert response.status_code == 422, response.text
     error = response.json()
     assert error["code"] == "invalid"
-    assert error["field"].startswith(field), error
+    assert error["field"] == field, error
     assert client.get("/v1/sweeps").json() == []
     assert client.get("/v1/jobs").json() == []
 
