@@ -156,7 +156,21 @@ class Tuning:
             session, spec, dict(job.shape), dtype=job.dtype, chip_id=job.chip_id, k=WARM_START_NEIGHBOURS + 1
         )
         warm = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
-        return self.studies.search(job, limits, warm[:WARM_START_NEIGHBOURS])
+        search = self.studies.search(job, limits, warm[:WARM_START_NEIGHBOURS])
+        self._reconcile(session, job, search)
+        return search
+
+    @staticmethod
+    def _reconcile(session: Session, job: JobRow, search: Search) -> None:
+        """Abandon study trials that no lease holds (asked when the server stopped, never handed out)."""
+        held = set(
+            session.scalars(
+                select(TrialRow.number).where(TrialRow.job_id == job.id, TrialRow.state == "asked")
+            )
+        )
+        for number in search.outstanding_ids:
+            if number not in held:
+                search.abandon(number, "asked but never handed out (the server stopped)")
 
     def _finalists(self, session: Session, job: JobRow) -> list[Config]:
         """Top configs of the search, the default and the key's current best, without repeats."""
