@@ -410,3 +410,16 @@ def test_two_replicas_over_postgres_serve_one_job_without_repeating_a_config(clo
             assert len(asked) == len(set(asked)) == 8
             assert ask(first, leased["token"])["phase"] == "validate"
             assert first.get(f"/v1/jobs/{leased['job']['id']}").json()["progress"]["completed"] == 8
+
+
+def test_a_new_shape_starts_from_the_default_and_the_nearest_tuned_best(client: TestClient) -> None:
+    worker = register(client)
+    submit(client, shapes=[{"n": 65536}])
+    leased = lease(client, worker)
+    assert leased is not None
+    tuned = work_job(client, leased["token"])["progress"]["best_config"]
+    submit(client, shapes=[{"n": 131072}])
+    leased = lease(client, worker)
+    assert leased is not None
+    first_two = [task["config"] for task in ask(client, leased["token"], 2)["tasks"]]
+    assert first_two == [leased["job"]["default_config"], tuned]
