@@ -21,8 +21,7 @@ relink: setup
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e . --config-settings editable_mode=strict
 
 run: setup
-	$(BIN)/tiletune tune fused_attention --shape batch=1,heads=4,seq_q=512,seq_kv=512,head_dim=64,causal=0 \
-		--dtype float32 --backend cpu --trials 20
+	$(BIN)/tiletune up --submit examples/demo_sweep.json
 
 lint: relink
 	$(BIN)/ruff check .

@@ -14,7 +14,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Shape = dict[str, int]
 Config = dict[str, int]
@@ -59,8 +59,18 @@ class MeasurementWire(_Wire):
 # -- sweeps and jobs -------------------------------------------------------------------------------
 
 
+class SweepKernel(_Wire):
+    """One kernel of a sweep and the shapes to tune it for."""
+
+    kernel: str = Field(min_length=1, max_length=64)
+    shapes: list[Shape] = Field(min_length=1, max_length=1000)
+
+
 class SweepCreate(_Wire):
-    """A tuning sweep: one job per (shape, dtype, chip) for one kernel.
+    """A tuning sweep: one job per (kernel, shape, dtype, chip).
+
+    Kernels and shapes come as ``kernel`` + ``shapes`` (one kernel), as
+    ``kernels`` (a list of kernel + shapes), or both (``kernel`` first).
 
     ``chips`` are the chip names workers register; empty means any chip (each
     job binds to the first chip that leases it). ``trials`` is the search's
@@ -70,8 +80,9 @@ class SweepCreate(_Wire):
     same chip, kernel version and software.
     """
 
-    kernel: str = Field(min_length=1, max_length=64)
-    shapes: list[Shape] = Field(min_length=1, max_length=1000)
+    kernel: str | None = Field(default=None, min_length=1, max_length=64)
+    shapes: list[Shape] = Field(default_factory=list, max_length=1000, validate_default=True)
+    kernels: list[SweepKernel] = Field(default_factory=list, max_length=64, validate_default=True)
     dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1, max_length=3)
     chips: list[str] = Field(default_factory=list, max_length=64)
     backend: str = "torch"
@@ -83,6 +94,27 @@ class SweepCreate(_Wire):
     validate_top: int = Field(default=3, ge=1, le=16)
     force: bool = False
     name: str | None = Field(default=None, max_length=200)
+
+    @field_validator("shapes")
+    @classmethod
+    def _shapes_go_with_kernel(cls, shapes: list[Shape], info: ValidationInfo) -> list[Shape]:
+        if info.data.get("kernel") and not shapes:
+            raise ValueError("give at least one shape for the kernel")
+        if shapes and not info.data.get("kernel"):
+            raise ValueError("shapes need a kernel (or use kernels)")
+        return shapes
+
+    @field_validator("kernels")
+    @classmethod
+    def _some_kernel(cls, kernels: list[SweepKernel], info: ValidationInfo) -> list[SweepKernel]:
+        if not kernels and not info.data.get("kernel") and "shapes" in info.data:
+            raise ValueError("give kernel and shapes, or kernels")
+        return kernels
+
+    def parts(self) -> list[SweepKernel]:
+        """Every (kernel, shapes) of the sweep, ``kernel`` + ``shapes`` first (unvalidated)."""
+        single = [SweepKernel.model_construct(kernel=self.kernel, shapes=self.shapes)] if self.kernel else []
+        return single + list(self.kernels)
 
 
 class JobProgress(_Wire):
@@ -125,7 +157,7 @@ class SweepPublic(_Wire):
 
     id: int
     name: str | None
-    kernel: str
+    kernels: list[str]
     state: str
     created_at: datetime
     counts: dict[str, int]

@@ -109,7 +109,7 @@ class SweepRow(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str | None] = mapped_column(String(200))
-    kernel: Mapped[str] = mapped_column(String(64))
+    kernels: Mapped[list[str]]
     request: Mapped[JsonDict]
     created_at: Mapped[datetime]
 

@@ -186,34 +186,36 @@ class Store:
 
     def submit(self, request: SweepCreate, max_jobs: int = 10_000) -> SweepPublic:
         """Validate a sweep and create its jobs; see the module docstring."""
-        spec = lookup_kernel(request.kernel)
-        shapes = self._parse_shapes(spec, request.shapes)
+        work = self._parse_parts(request)
         for index, dtype in enumerate(request.dtypes):
             if dtype not in DTYPES:
                 choices = list(DTYPES)
                 raise InvalidInputError(
                     f"unknown dtype {dtype!r}; choose one of {choices}", f"dtypes[{index}]"
                 )
-        if request.backend not in spec.backends():
-            raise InvalidInputError(
-                f"kernel {spec.name} has no backend {request.backend!r}; "
-                f"choose one of {list(spec.backends())}",
-                field="backend",
-            )
+        for spec, _ in work:
+            if request.backend not in spec.backends():
+                raise InvalidInputError(
+                    f"kernel {spec.name} has no backend {request.backend!r}; "
+                    f"choose one of {list(spec.backends())}",
+                    field="backend",
+                )
         chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
-        keys = [(s, d, c) for s in shapes for d in dict.fromkeys(request.dtypes) for c in chips]
+        dtypes = list(dict.fromkeys(request.dtypes))
+        keys = [(spec, s, d, c) for spec, shapes in work for s in shapes for d in dtypes for c in chips]
         if len(keys) > max_jobs:
             raise InvalidInputError(
                 f"the sweep makes {len(keys)} jobs; at most {max_jobs} are allowed", "shapes"
             )
         now = self.clock()
         with self.sessions.begin() as session:
+            kernels = list(dict.fromkeys(spec.name for spec, _ in work))
             sweep = SweepRow(
-                name=request.name, kernel=spec.name, request=request.model_dump(mode="json"), created_at=now
+                name=request.name, kernels=kernels, request=request.model_dump(mode="json"), created_at=now
             )
             session.add(sweep)
             session.flush()
-            for shape, dtype, chip in keys:
+            for spec, shape, dtype, chip in keys:
                 job = self._new_job(
                     session,
                     sweep_id=sweep.id,
@@ -228,15 +230,25 @@ class Store:
             session.flush()
             return self._sweep_public(session, sweep)
 
+    @classmethod
+    def _parse_parts(cls, request: SweepCreate) -> list[tuple[KernelSpec, list[dict[str, int]]]]:
+        """Each kernel of the sweep with its parsed, de-duplicated shapes; errors name the field."""
+        parts = []
+        for position, part in enumerate(request.parts()):
+            where = "" if request.kernel and position == 0 else f"kernels[{position - bool(request.kernel)}]."
+            spec = lookup_kernel(part.kernel, field=f"{where}kernel")
+            parts.append((spec, cls._parse_shapes(spec, part.shapes, f"{where}shapes")))
+        return parts
+
     @staticmethod
-    def _parse_shapes(spec: KernelSpec, raw: Sequence[dict[str, int]]) -> list[dict[str, int]]:
+    def _parse_shapes(spec: KernelSpec, raw: Sequence[dict[str, int]], field: str) -> list[dict[str, int]]:
         shapes = []
         for index, shape in enumerate(raw):
             try:
                 shapes.append(spec.parse_shape(shape))
             except InputError as error:
-                field = error.field.replace("shape", f"shapes[{index}]", 1)  # shape.n -> shapes[0].n
-                raise InvalidInputError(error.reason, field=field) from error
+                path = error.field.replace("shape", f"{field}[{index}]", 1)  # shape.n -> shapes[0].n
+                raise InvalidInputError(error.reason, field=path) from error
         return list({spec.canonical_shape(s): s for s in shapes}.values())
 
     def _new_job(
@@ -347,7 +359,7 @@ class Store:
         return SweepPublic(
             id=sweep.id,
             name=sweep.name,
-            kernel=sweep.kernel,
+            kernels=list(sweep.kernels),
             state="running" if live else "finished",
             created_at=aware(sweep.created_at),
             counts=counts,

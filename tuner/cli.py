@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from tiletune.kernels.device import DEVICE_KINDS, Device, available_kinds, get_device
-from tiletune.kernels.errors import DeviceUnavailableError, InputError, ShapeError
+from tiletune.kernels.errors import DeviceUnavailableError, InputError
 from tiletune.kernels.registry import ENTRY_POINT_GROUP, all_kernels, builtin_kernels, get_kernel
-from tiletune.kernels.spec import DTYPES, Config, KernelSpec, Shape, torch_dtype
+from tiletune.kernels.spec import DTYPES, Config, KernelSpec, Shape, parse_dims, torch_dtype
 from tiletune.tuner.bench import KernelBench
 from tiletune.tuner.progress import ProgressBar
 from tiletune.tuner.worker import MAX_BATCH, Worker, WorkerRejectedError
@@ -44,24 +44,6 @@ STRATEGIES = ("tpe", "random", "grid")
 REPLAY_DIR_ENV = "TILETUNE_REPLAY_DIR"
 SERVER_ENV = "TILETUNE_SERVER"
 TOKEN_ENV = "TILETUNE_TOKEN"
-
-
-def parse_dims(text: str) -> dict[str, object]:
-    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}``; raises :class:`ShapeError` on bad syntax."""
-    dims: dict[str, object] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip():
-            raise ShapeError("shape", f"expected name=value pairs separated by commas, got {part!r}")
-        if name.strip() in dims:
-            raise ShapeError(f"shape.{name.strip()}", "given twice")
-        try:
-            dims[name.strip()] = int(value)
-        except ValueError:
-            raise ShapeError(f"shape.{name.strip()}", f"must be an integer, got {value.strip()!r}") from None
-    if not dims:
-        raise ShapeError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
-    return dims
 
 
 def parse_config(spec: KernelSpec, text: str, shape: Shape) -> Config:
@@ -241,7 +223,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
 # -- worker ---------------------------------------------------------------------
 
 
-def _server_url(args: argparse.Namespace) -> str:
+def server_url(args: argparse.Namespace) -> str:
     """``--server``, else ``$TILETUNE_SERVER``; an http(s) URL or :class:`InputError` (field server)."""
     url = args.server or os.environ.get(SERVER_ENV)
     if not url:
@@ -257,7 +239,7 @@ def _server_url(args: argparse.Namespace) -> str:
 
 def _worker_http(args: argparse.Namespace) -> httpx.Client:
     """The HTTP client of a worker: the server as base URL, the bearer token when given."""
-    url = _server_url(args)
+    url = server_url(args)
     token = args.token or os.environ.get(TOKEN_ENV)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     return httpx.Client(base_url=url, headers=headers, timeout=httpx.Timeout(30.0, connect=10.0))

@@ -39,7 +39,7 @@ def upgrade() -> None:
         "sweeps",
         sa.Column("id", sa.Integer(), nullable=False),
         sa.Column("name", sa.String(length=200), nullable=True),
-        sa.Column("kernel", sa.String(length=64), nullable=False),
+        sa.Column("kernels", sa.JSON(), nullable=False),
         sa.Column("request", sa.JSON(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sweeps")),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,9 @@ from tests.service.processes import (
 )
 from tiletune.client.wire import BestConfigPublic, ConfigBundle, JobPublic, LookupPublic, SweepPublic
 from tiletune.kernels.device import get_device
-from tiletune.service.cli import ServerRefusedError, main, service_api
+from tiletune.kernels.spec import parse_dims
+from tiletune.service.cli import main
+from tiletune.service.remote import ServerRefusedError, service_api
 from tiletune.tuner.worker import Worker
 
 CHIP = get_device("cpu").chip.name
@@ -105,7 +108,7 @@ def test_submit_with_flags_queues_one_job_per_shape_and_dtype(server: ServerProc
         "--strategy", "random",
     )  # fmt: skip
 
-    assert sweep.kernel == "add"
+    assert {job.kernel for job in sweep.jobs} == {"add"}
     assert sorted((job.shape_key, job.dtype) for job in sweep.jobs) == [
         ("n=4096", "float16"), ("n=4096", "float32"), ("n=8192", "float16"), ("n=8192", "float32"),
     ]  # fmt: skip
@@ -380,26 +383,34 @@ def _cli_lookup(url: str, job: JobPublic) -> LookupPublic:
     return LookupPublic.model_validate_json(result.stdout)
 
 
-def _tune_sweeps(url: str) -> list[JobPublic]:
-    """Submit both sweeps (the second with ``--wait``) and return their jobs once finished."""
-    deadline = time.monotonic() + E2E_TIMEOUT_S
-    common = ["--server", url, "--dtype", "float32", "--trials", "6"]
-    add = submit_json("--kernel", "add", *[a for shape in ADD_SHAPES for a in ("--shape", shape)], *common)
+def _tune_sweep(url: str, folder: Path) -> list[JobPublic]:
+    """Submit one sweep over both kernels from a FILE with ``--wait``; its jobs once finished."""
+    sweep = {
+        "kernels": [
+            {"kernel": "add", "shapes": [parse_dims(shape) for shape in ADD_SHAPES]},
+            {"kernel": "softmax", "shapes": [parse_dims(shape) for shape in SOFTMAX_SHAPES]},
+        ],
+        "dtypes": ["float32"],
+        "trials": 6,
+    }
+    path = folder / "sweep.json"
+    path.write_text(json.dumps(sweep))
     waited = run_cli(
-        "submit", "--kernel", "softmax", *[a for shape in SOFTMAX_SHAPES for a in ("--shape", shape)],
-        *common, "--wait", "--json", "--timeout", str(E2E_TIMEOUT_S), timeout_s=E2E_TIMEOUT_S + 30,
+        "submit", str(path), "--server", url, "--wait", "--json", "--timeout", str(E2E_TIMEOUT_S),
+        timeout_s=E2E_TIMEOUT_S + 30,
     )  # fmt: skip
     assert waited.returncode == 0, waited.stderr
-    softmax = SweepPublic.model_validate_json(waited.stdout)
-    return _wait_finished(url, add.id, deadline).jobs + softmax.jobs
+    finished = SweepPublic.model_validate_json(waited.stdout)
+    assert finished.kernels == ["add", "softmax"]
+    return finished.jobs
 
 
 @pytest.mark.slow
-def test_two_workers_tune_two_sweeps_and_every_best_config_is_served(tmp_path: Path) -> None:
+def test_two_workers_tune_a_sweep_over_two_kernels_and_every_best_config_is_served(tmp_path: Path) -> None:
     server = start_server(tmp_path)
     workers = [start_worker(server.url, tmp_path / f"worker{i}.log") for i in (1, 2)]
     try:
-        jobs = _tune_sweeps(server.url)
+        jobs = _tune_sweep(server.url, tmp_path)
     finally:
         statuses = [stop(worker) for worker in workers]
     try:
@@ -442,3 +453,68 @@ def test_up_serves_tunes_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
         assert (job.state, job.lease_failures) == ("queued", 0), log_tail(log_path)  # released, not expired
     finally:
         stop(server.process)
+
+
+JOB_LINE = re.compile(
+    r"add n=4096 float32: done, best \d+\.\d{4} ms vs default \d+\.\d{4} ms"
+    r" \(\d+\.\d{2}\N{MULTIPLICATION SIGN} (faster|slower)\)"
+)
+SUMMARY = re.compile(
+    r"sweep 1 \(add\) finished in \d+ s: done 1(; speedup over default \d+\.\d{2}\N{MULTIPLICATION SIGN})?"
+)
+
+
+@pytest.mark.slow
+def test_up_submit_until_done_tunes_the_sweep_then_stops(tmp_path: Path) -> None:
+    sweep_file = tmp_path / "sweep.json"
+    sweep_file.write_text(json.dumps({"kernel": "add", "shapes": [{"n": 4096}], "trials": 4}))
+    db_url, port = f"sqlite:///{tmp_path / 'up.db'}", free_port()
+
+    result = run_cli(
+        "up", "--db", db_url, "--port", str(port), "--submit", str(sweep_file), "--until-done",
+        timeout_s=180,
+    )  # fmt: skip
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert "submitted sweep 1: 1 job" in lines
+    assert [line for line in lines if JOB_LINE.fullmatch(line)], result.stdout
+    assert [line for line in lines if SUMMARY.fullmatch(line)], result.stdout
+    assert "still serving" not in result.stdout
+    assert "stopping after the current trial" in result.stderr  # the worker was stopped, not killed
+    with pytest.raises(httpx.TransportError):  # and the server with it
+        httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2.0)
+
+
+@pytest.mark.parametrize(
+    ("document", "field"),
+    [
+        ({"kernel": "add", "shapes": [{"n": 4096}], "trials": 0}, "trials"),
+        ({"kernel": "add", "shapes": [{"n": 4096}], "chips": ["test/other-chip"]}, "chips"),
+    ],
+    ids=["bad-trials", "chip-no-local-worker-has"],
+)
+def test_up_submit_bad_file_exits_2_before_starting(
+    tmp_path: Path, document: dict[str, object], field: str
+) -> None:
+    sweep_file = tmp_path / "bad.json"
+    sweep_file.write_text(json.dumps(document))
+    db_path = tmp_path / "up.db"
+
+    result = run_cli(
+        "up", "--db", f"sqlite:///{db_path}", "--port", str(free_port()), "--submit", str(sweep_file),
+        "--until-done", timeout_s=60,
+    )  # fmt: skip
+
+    assert result.returncode == 2, result.stderr
+    assert f"tiletune up: error: {sweep_file}: {field}: " in result.stderr
+    assert result.stdout == ""
+    assert not db_path.exists()  # nothing migrated, nothing served
+
+
+def test_up_until_done_needs_a_sweep(cli: Cli) -> None:
+    status, out, err = cli("up", "--until-done")
+
+    assert status == 2
+    assert "until-done: needs --submit FILE" in err
+    assert out == ""

@@ -181,6 +181,21 @@ def test_every_trial_is_kept_with_its_outcome(client: TestClient) -> None:
         ({"kernel": "add", "shapes": [{"n": 8}], "trials": 0}, "trials"),
         ({"kernel": "add", "shapes": [{"n": 8}], "strategy": "magic"}, "strategy"),
         ({"kernel": "add", "shapes": []}, "shapes"),
+        ({"shapes": [{"n": 8}]}, "shapes"),
+        ({"dtypes": ["float32"]}, "kernels"),
+        (
+            {
+                "kernels": [
+                    {"kernel": "add", "shapes": [{"n": 8}]},
+                    {"kernel": "softmax", "shapes": [{"rows": 2}]},
+                ]
+            },
+            "kernels[1].shapes[0]",
+        ),
+        (
+            {"kernel": "add", "shapes": [{"n": 8}], "kernels": [{"kernel": "nope", "shapes": [{"n": 8}]}]},
+            "kernels[0].kernel",
+        ),
     ],
 )
 def test_a_bad_sweep_names_the_field_and_changes_nothing(
@@ -423,3 +438,25 @@ def test_a_new_shape_starts_from_the_default_and_the_nearest_tuned_best(client: 
     assert leased is not None
     first_two = [task["config"] for task in ask(client, leased["token"], 2)["tasks"]]
     assert first_two == [leased["job"]["default_config"], tuned]
+
+
+def test_one_sweep_may_tune_several_kernels(client: TestClient) -> None:
+    sweep = submit(
+        client,
+        kernel=None,
+        shapes=[],
+        kernels=[
+            {"kernel": "add", "shapes": [{"n": 4096}, {"n": 8192}]},
+            {"kernel": "softmax", "shapes": [{"rows": 8, "cols": 64}]},
+        ],
+        dtypes=["float32", "float16"],
+    )
+    assert sweep["kernels"] == ["add", "softmax"]
+    assert [(job["kernel"], job["shape_key"], job["dtype"]) for job in sweep["jobs"]] == [
+        ("add", "n=4096", "float32"),
+        ("add", "n=4096", "float16"),
+        ("add", "n=8192", "float32"),
+        ("add", "n=8192", "float16"),
+        ("softmax", "rows=8,cols=64", "float32"),
+        ("softmax", "rows=8,cols=64", "float16"),
+    ]

@@ -1,0 +1,358 @@
+"""Running the service from the command line: the ``server`` and ``up`` commands.
+
+Owns what it takes to run the API in this process: settings from the command line and
+``TILETUNE_*``, migrations (:func:`tiletune.service.migrate.upgrade`), binding the port,
+uvicorn, and stopping on SIGINT/SIGTERM.
+
+- ``server``: migrate the database, then serve the API with uvicorn (default
+  ``127.0.0.1:8642``); prints one line with the URL.
+- ``up``: the embedded all-in-one: SQLite, migrations, the server on a thread and one CPU
+  :class:`~tiletune.tuner.worker.Worker` on another. Ctrl-C (or SIGTERM) stops the worker
+  first (it finishes its trial and releases its lease), then the server. ``--submit FILE``
+  submits a sweep once both run and prints each job as it finishes, then a summary
+  (:mod:`tiletune.service.follow`); ``--until-done`` then stops the same way and exits
+  0, or 1 when a job failed.
+
+FastAPI, uvicorn, SQLAlchemy, Alembic and Optuna are imported inside the functions that
+need them, never when this module is imported: the entry point imports it for its parsers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from pydantic import ValidationError
+
+from tiletune.client.wire import ANY_CHIP, SweepCreate
+from tiletune.kernels.device import Device, get_device
+from tiletune.kernels.errors import InputError
+from tiletune.service.exits import EXIT_FAILURE, EXIT_INTERRUPTED, CommandFailedError
+from tiletune.service.follow import SweepFollower
+from tiletune.service.remote import POLL_S, ServiceApi, read_sweep_file
+from tiletune.tuner.worker import Worker
+
+if TYPE_CHECKING:
+    import uvicorn
+
+    from tiletune.service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8642
+#: How long ``up`` waits for its server to start, and for its worker and server to stop.
+START_TIMEOUT_S = 60.0
+WORKER_STOP_S = 60.0
+SERVER_STOP_S = 15.0
+#: How often ``up``'s main loop looks at its threads and the stop signal.
+TICK_S = 0.2
+
+
+# -- settings, database, socket, uvicorn ----------------------------------------------------------
+
+
+def _settings(db: str | None, optuna_db: str | None = None) -> Settings:
+    """Settings from ``TILETUNE_*`` with the command line's database URLs over them."""
+    from tiletune.service.settings import Settings
+
+    given: dict[str, Any] = {"db_url": db, "optuna_url": optuna_db}
+    try:
+        return Settings(**{key: value for key, value in given.items() if value is not None})
+    except ValidationError as error:
+        first = error.errors()[0]
+        name = ".".join(str(part) for part in first["loc"])
+        raise InputError(name, f"{first['msg']} (from $TILETUNE_{name.upper()})") from None
+
+
+def _migrate(url: str) -> None:
+    """Bring the database to the newest schema; a bad URL is bad input, an unreachable one a failure."""
+    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+
+    from tiletune.service.migrate import upgrade
+
+    try:
+        upgrade(url)
+    except ArgumentError as error:
+        raise InputError("db", f"not a usable database URL {_safe_url(url)!r}: {error}") from None
+    except SQLAlchemyError as error:
+        reason = str(error).splitlines()[0]
+        raise CommandFailedError(f"cannot migrate the database {_safe_url(url)}: {reason}") from None
+
+
+def _safe_url(url: str) -> str:
+    """``url`` with its password hidden."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to (host, port) for uvicorn; binding here makes a busy port a clear error."""
+    if not 0 <= port <= 65535:
+        raise InputError("port", f"must be between 0 and 65535, got {port}")
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise CommandFailedError(f"cannot listen on {host}:{port}: {error.strerror or error}") from None
+    return sock
+
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(settings: Settings, host: str, port: int, access_log: bool) -> uvicorn.Server:
+    """A uvicorn server of the app; log lines of ours (and uvicorn's) at INFO on stderr."""
+    import uvicorn
+
+    from tiletune.service.app import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is uvicorn's to write
+    config = uvicorn.Config(
+        create_app(settings), host=host, port=port, lifespan="on", log_level="info", access_log=access_log
+    )
+    return uvicorn.Server(config)
+
+
+# -- server ---------------------------------------------------------------------------------------
+
+
+def cmd_server(args: argparse.Namespace) -> None:
+    """Migrate the database, then serve the API until SIGINT or SIGTERM."""
+    settings = _settings(args.db, args.optuna_db)
+    sock = _bind(args.host, args.port)  # first: a busy port fails fast and touches no database
+    _migrate(settings.db_url)
+    server = _uvicorn_server(settings, args.host, args.port, access_log=True)
+    print(f"tiletune server: serving {_url(sock)} (database {_safe_url(settings.db_url)})", flush=True)
+    server.run(sockets=[sock])
+
+
+# -- up -------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def _stop_signals() -> Iterator[threading.Event]:
+    """An event set by the first SIGINT or SIGTERM; a second one acts as it would without us."""
+    stop = threading.Event()
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def handle(signum: int, _frame: FrameType | None) -> None:
+        log.info("received %s: stopping the worker, then the server", signal.Signals(signum).name)
+        stop.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+    for sig in previous:
+        signal.signal(sig, handle)
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start_server_thread(server: uvicorn.Server, sock: socket.socket) -> threading.Thread:
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="server", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise CommandFailedError("the server did not start (see the log above)")
+        time.sleep(0.05)
+    return thread
+
+
+def _run_worker(worker: Worker, failures: list[BaseException]) -> None:
+    try:
+        worker.run()
+    except BaseException as error:  # reported by the main thread, which then stops the server
+        failures.append(error)
+
+
+def _check_chips(request: SweepCreate, file: str, device: Device, until_done: bool) -> None:
+    """Jobs for a chip other than the local worker's wait for another worker: under
+    ``--until-done`` forever, so that is bad input; otherwise a note on stderr."""
+    others = [chip for chip in request.chips if chip not in (ANY_CHIP, device.chip.name)]
+    if not others:
+        return
+    reason = f"the local worker runs jobs for {device.chip.name} only, not for {', '.join(others)}"
+    if until_done:
+        raise InputError(f"{file}: chips", f"{reason}; --until-done would wait forever")
+    print(f"tiletune up: note: {reason}; those jobs wait for another worker", file=sys.stderr)
+
+
+@dataclass
+class _Up:
+    """What ``up`` runs: the server (on its thread), its URL and database, and the sweep to submit."""
+
+    url: str
+    settings: Settings
+    server_thread: threading.Thread
+    device: Device
+    request: SweepCreate | None
+    until_done: bool
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """Serve an SQLite-backed API and run one local CPU worker until Ctrl-C (or ``--until-done``)."""
+    if args.until_done and not args.submit:
+        raise InputError("until-done", "needs --submit FILE, the sweep to wait for")
+    device = get_device("cpu")
+    request = read_sweep_file(args.submit) if args.submit else None  # before anything starts
+    if request is not None:
+        _check_chips(request, args.submit, device, args.until_done)
+    settings = _settings(args.db)
+    sock = _bind(DEFAULT_HOST, args.port)
+    _migrate(settings.db_url)
+    server = _uvicorn_server(settings, DEFAULT_HOST, args.port, access_log=False)
+    server_thread = _start_server_thread(server, sock)
+    try:
+        return _run(_Up(_url(sock), settings, server_thread, device, request, args.until_done))
+    finally:
+        server.should_exit = True
+        server_thread.join(SERVER_STOP_S)
+
+
+def _run(up: _Up) -> int:
+    """Run the worker (and follow the submitted sweep) until stopped or done; the exit status."""
+    failures: list[BaseException] = []
+    follower: SweepFollower | None = None
+    with (
+        httpx.Client(base_url=up.url, timeout=httpx.Timeout(30.0, connect=10.0)) as http,
+        ServiceApi(up.url, token=None) as api,
+    ):
+        worker = Worker(http, device=up.device, name=f"{socket.gethostname()}-up-{os.getpid()}")
+        worker_thread = threading.Thread(target=_run_worker, args=(worker, failures), name="worker")
+        worker_thread.daemon = True
+        with _stop_signals() as stop:
+            worker_thread.start()
+            try:
+                _print_banner(up)
+                if up.request is not None:
+                    follower = SweepFollower.submit(api, up.request)
+                _serve(up, stop, worker_thread, follower)
+            finally:
+                worker.stop()
+                worker_thread.join(WORKER_STOP_S)
+    if failures:
+        raise CommandFailedError(f"the local worker stopped: {failures[0]}")
+    if up.until_done and follower is not None and follower.finished:
+        failed = follower.failed_jobs
+        if failed:
+            print(f"tiletune up: {len(failed)} job(s) failed: {failed}", file=sys.stderr)
+            return EXIT_FAILURE
+        return 0
+    if not stop.is_set():
+        raise CommandFailedError("the server stopped unexpectedly (see the log above)")
+    if up.until_done and follower is not None:
+        print(
+            f"tiletune up: stopped before sweep {follower.sweep.id} finished; its jobs wait in the"
+            " database for the next `tiletune up` or worker",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _print_banner(up: _Up) -> None:
+    print(
+        f"tiletune up: {up.url} (API docs {up.url}/docs; database {_safe_url(up.settings.db_url)};"
+        f" one worker on {up.device.chip.name}). Ctrl-C stops.",
+        flush=True,
+    )
+    if up.request is None:
+        print(
+            f"  try: tiletune submit --server {up.url} --kernel add --shape n=65536 --dtype float32 --wait",
+            flush=True,
+        )
+
+
+def _serve(
+    up: _Up, stop: threading.Event, worker_thread: threading.Thread, follower: SweepFollower | None
+) -> None:
+    """Return on a stop signal, when a thread has ended, or (``--until-done``) once the sweep is finished.
+
+    The sweep, if any, is polled every :data:`~tiletune.service.remote.POLL_S` seconds until
+    it is finished; without ``--until-done`` serving goes on after it.
+    """
+    next_poll = time.monotonic() + POLL_S
+    announced = False
+    while True:
+        if follower is not None and follower.finished:
+            if up.until_done:
+                return
+            if not announced:
+                print(f"tiletune up: still serving {up.url}. Ctrl-C stops.", flush=True)
+                announced = True
+        if stop.wait(TICK_S) or not worker_thread.is_alive() or not up.server_thread.is_alive():
+            return
+        if follower is not None and not follower.finished and time.monotonic() >= next_poll:
+            follower.poll()
+            next_poll = time.monotonic() + POLL_S
+
+
+# -- parsers --------------------------------------------------------------------------------------
+
+
+def add_server_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The ``server`` and ``up`` subcommands."""
+    server = commands.add_parser(
+        "server",
+        help="migrate the database, then serve the API",
+        description="Bring the database to the newest schema, then serve the tiletune REST API "
+        "(OpenAPI at /openapi.json, docs at /docs). Other settings come from TILETUNE_* variables "
+        "(TILETUNE_LEASE_S, TILETUNE_HEARTBEAT_S, ...). SIGINT or SIGTERM stops it gracefully.",
+    )
+    server.add_argument("--db", help="database URL (default: $TILETUNE_DB_URL, else sqlite:///tiletune.db)")
+    server.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
+    server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    server.add_argument(
+        "--optuna-db",
+        help="Optuna's database URL (default: X.optuna.db beside X.db; PostgreSQL: schema optuna)",
+    )
+    server.set_defaults(handler=cmd_server)
+
+    up = commands.add_parser(
+        "up",
+        help="all in one: SQLite, the server and one local CPU worker",
+        description="Migrate an SQLite database, serve the API on 127.0.0.1 and run one CPU worker in "
+        "this process. Ctrl-C stops the worker (it finishes its trial and releases its job), "
+        "then the server. With --submit FILE, submit that sweep once both run and print each job "
+        "as it finishes, then a summary; with --until-done, then stop (exit status 1 when a job "
+        "failed, 2 when FILE or the sweep is refused).",
+    )
+    up.add_argument("--db", help="database URL (default: sqlite:///tiletune.db in this folder)")
+    up.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    up.add_argument(
+        "--submit",
+        metavar="FILE",
+        help="a sweep to submit once the worker runs: JSON in SweepCreate form (as for `tiletune submit`)",
+    )
+    up.add_argument(
+        "--until-done",
+        action="store_true",
+        help="with --submit: stop once the sweep is finished instead of serving until Ctrl-C",
+    )
+    up.set_defaults(handler=cmd_up)
