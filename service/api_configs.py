@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
-from tiletune.service.dependencies import StoreDep
+from tiletune.service.dependencies import LookupCacheDep, StoreDep
 from tiletune.service.lookup import lookup, parse_key
 
 router = APIRouter(tags=["configs"])
@@ -18,17 +19,27 @@ Match = Annotated[str, Query(description="loosest answer accepted: exact | neare
 
 
 @router.get("/v1/configs/{kernel}")
-def lookup_config(
+async def lookup_config(
     kernel: str,
     *,
     shape: ShapeQuery,
     chip: str,
     store: StoreDep,
+    cache: LookupCacheDep,
     dtype: str = "float32",
     match: Match = "default",
 ) -> LookupPublic:
-    """The config for one key: ``exact``, else the ``nearest`` tuned shape, else the ``default``."""
-    return lookup(store, kernel, shape, dtype=dtype, chip=chip, match=match)
+    """The config for one key: ``exact``, else the ``nearest`` tuned shape, else the ``default``.
+
+    Answers are cached by the replica for ``lookup_cache_s`` (see ``Settings``).
+    """
+    key = (kernel, shape, dtype, chip, match)
+    generation = store.generation
+    answer = cache.get(key, generation)
+    if answer is None:
+        answer = await run_in_threadpool(lookup, store, kernel, shape, dtype=dtype, chip=chip, match=match)
+        cache.put(key, generation, answer)
+    return answer
 
 
 @router.get("/v1/configs")

@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_sweeps, api_workers
 from tiletune.service.database import is_sqlite, make_engine, make_sessions
 from tiletune.service.errors import ServiceError
+from tiletune.service.lookup import LookupCache
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.settings import Settings
 from tiletune.service.store import Clock, Store, utc_now
@@ -34,6 +36,10 @@ from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
 from tiletune.service.tuning import Tuning
 
 log = logging.getLogger(__name__)
+
+#: SQLite read connections: as many as the request threads (FastAPI's default limit is 40), so
+#: concurrent lookups never queue for a connection (SQLite readers do not block each other).
+READ_POOL_SIZE = 40
 
 
 @dataclass
@@ -44,18 +50,27 @@ class Services:
     store: Store
     queue: JobQueue
     tuning: Tuning
+    lookup_cache: LookupCache
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     """Engine, store, queue, searches and protocol for ``settings``."""
-    store = Store(make_sessions(make_engine(settings.db_url)), clock)
+    writes = make_engine(settings.db_url)
+    reads = (
+        make_engine(settings.db_url, write_lock=False, pool_size=READ_POOL_SIZE)
+        if is_sqlite(settings.db_url)
+        else writes
+    )
+    store = Store(make_sessions(writes), clock, reads=make_sessions(reads))
     queue = JobQueue(
         store,
         LeaseSettings(settings.lease_s, settings.heartbeat_s, settings.max_lease_failures),
     )
     optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
     studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
-    return Services(settings, store, queue, Tuning(store, queue, studies))
+    return Services(
+        settings, store, queue, Tuning(store, queue, studies), LookupCache(settings.lookup_cache_s)
+    )
 
 
 def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper: bool = True) -> FastAPI:
@@ -85,7 +100,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         app.include_router(router)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.middleware("http")(_body_limit(services.settings.max_body_bytes))
+    app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     return app
 
 
@@ -126,14 +141,22 @@ def field_path(location: Sequence[int | str]) -> str | None:
     return path or None
 
 
-def _body_limit(
-    max_bytes: int,
-) -> Callable[[Request, Callable[[Request], Awaitable[Response]]], Awaitable[Response]]:
-    async def limit(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_bytes:
-            body = ErrorBody(code="too_large", message=f"request body over {max_bytes} bytes", field=None)
-            return JSONResponse(body.model_dump(), status_code=413)
-        return await call_next(request)
+class BodyLimit:
+    """Pure ASGI middleware: a request whose Content-Length is over ``max_bytes`` gets 413 ``too_large``.
 
-    return limit
+    (A pure ASGI class rather than ``@app.middleware("http")``, whose per-request
+    cost is a large part of a config lookup's.)
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            length = dict(scope["headers"]).get(b"content-length", b"")
+            if length.isdigit() and int(length) > self.max_bytes:
+                body = ErrorBody(code="too_large", message=f"request body over {self.max_bytes} bytes")
+                await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

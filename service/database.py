@@ -2,11 +2,12 @@
 
 Engines are made by :func:`make_engine`, never at import time. SQLite gets
 WAL journaling, a busy timeout and enforced foreign keys on every connection,
-and every transaction starts with ``BEGIN IMMEDIATE`` (it takes the write lock
-at once, waiting up to the busy timeout, instead of failing with "database is
-locked" when a reader later tries to write), so a server, its threads and a
-test can use one file at once; PostgreSQL URLs are taken as given
-(``postgresql://`` is read as psycopg 3).
+and, on an engine for writes (``write_lock=True``), every transaction starts
+with ``BEGIN IMMEDIATE`` (it takes the write lock at once, waiting up to the
+busy timeout, instead of failing with "database is locked" when a reader
+later tries to write); a read engine's transactions take no lock (WAL readers
+never wait). So a server, its threads and a test can use one file at once.
+PostgreSQL URLs are taken as given (``postgresql://`` is read as psycopg 3).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def is_sqlite(url: str) -> bool:
     return make_url(normalize_url(url)).get_backend_name() == "sqlite"
 
 
-def make_engine(url: str, **kwargs: Any) -> Engine:
+def make_engine(url: str, write_lock: bool = True, **kwargs: Any) -> Engine:
     """An engine for ``url``; SQLite connections get WAL, a busy timeout and foreign keys."""
     url = normalize_url(url)
     if not is_sqlite(url):
@@ -52,7 +53,8 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         Path(database).parent.mkdir(parents=True, exist_ok=True)
     engine = create_engine(url, connect_args={"check_same_thread": False}, **kwargs)
     event.listen(engine, "connect", _configure_sqlite)
-    event.listen(engine, "begin", _begin_immediate)
+    if write_lock:
+        event.listen(engine, "begin", _begin_immediate)
     return engine
 
 

@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tiletune.service.lookup import LookupCache
 from tiletune.service.store import Store
 from tiletune.service.tuning import Tuning
 
@@ -20,5 +21,11 @@ def _tuning(request: Request) -> Tuning:
     return tuning
 
 
+def _lookup_cache(request: Request) -> LookupCache:
+    cache: LookupCache = request.app.state.services.lookup_cache
+    return cache
+
+
 StoreDep = Annotated[Store, Depends(_store)]
+LookupCacheDep = Annotated[LookupCache, Depends(_lookup_cache)]
 TuningDep = Annotated[Tuning, Depends(_tuning)]

@@ -7,10 +7,17 @@ categorical dims; distance in :mod:`tiletune.client.nearest`), ``default``
 (the default) also the kernel's built-in rule for the chip. A nearest
 shape's config is adapted to the asked shape (each knob snapped down to the
 values this shape allows) and used only if it is valid for it.
+
+:class:`LookupCache` keeps answers for ``lookup_cache_s``; a promotion or an
+import in this process empties it at once (``Store.generation``), one in
+another replica is seen within the TTL.
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
 from typing import Literal
 
 from tiletune.client.wire import LookupPublic
@@ -22,6 +29,40 @@ from tiletune.service.models import BestConfigRow
 from tiletune.service.store import JobKey, Store, chip_limits, lookup_kernel
 
 MATCH_ORDER = ("exact", "nearest", "default")
+
+LookupKey = tuple[str, str, str, str, str]
+
+
+class LookupCache:
+    """Recent lookup answers by (kernel, shape text, dtype, chip, match), for ``ttl_s`` seconds.
+
+    Entries are dropped when the store's ``generation`` moves (a promotion or an
+    import here) or their TTL passes; at most ``max_entries`` are kept (the
+    whole cache is emptied when full). ``ttl_s`` 0 disables it.
+    """
+
+    def __init__(self, ttl_s: float, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic):
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._clock = clock
+        self._entries: dict[LookupKey, tuple[float, int, LookupPublic]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: LookupKey, generation: int) -> LookupPublic | None:
+        """The cached answer, if fresh."""
+        found = self._entries.get(key)
+        if found is None or found[1] != generation or found[0] < self._clock():
+            return None
+        return found[2]
+
+    def put(self, key: LookupKey, generation: int, answer: LookupPublic) -> None:
+        """Keep ``answer`` for ``ttl_s``."""
+        if self.ttl_s <= 0:
+            return
+        with self._lock:
+            if len(self._entries) >= self.max_entries:
+                self._entries.clear()
+            self._entries[key] = (self._clock() + self.ttl_s, generation, answer)
 
 
 def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Shape]:
@@ -42,7 +83,7 @@ def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str,
         raise InvalidInputError(f"match must be one of {list(MATCH_ORDER)}, got {match!r}", field="match")
     spec, shape = parse_key(kernel, shape_text, dtype)
     allowed = MATCH_ORDER[: MATCH_ORDER.index(match) + 1]
-    with store.sessions() as session:
+    with store.reads() as session:
         chip_row = store.chip_by_name(session, chip)
         if chip_row is None:
             raise NotFoundError(f"no chip {chip!r} is registered", field="chip")

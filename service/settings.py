@@ -16,13 +16,15 @@ class Settings(BaseSettings):
 
     - ``db_url``: our tables (SQLite file by default; ``postgresql://...`` at scale);
     - ``optuna_url``: Optuna's studies, kept apart from our tables. Default: for
-      a SQLite database ``X.db`` the file ``X.optuna.db``; for PostgreSQL the
+      a SQLite database ``X.db`` the journal file ``X.optuna.log``; for PostgreSQL the
       same database, schema ``optuna``;
     - ``lease_s``: how long a lease lives without a heartbeat; ``heartbeat_s``:
       how often workers are told to renew it;
     - ``max_lease_failures``: expired or failed leases after which a job is ``failed``;
     - ``reap_interval_s``: how often expired leases are returned to the queue;
-    - ``max_body_bytes``: requests with larger bodies are refused (413).
+    - ``max_body_bytes``: requests with larger bodies are refused (413);
+    - ``lookup_cache_s``: how long a replica reuses a single-key lookup's answer
+      (a promotion in the same replica is seen at once; 0 turns the cache off).
     """
 
     model_config = SettingsConfigDict(env_prefix="TILETUNE_")
@@ -35,3 +37,4 @@ class Settings(BaseSettings):
     reap_interval_s: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_sweep: int = Field(default=10_000, ge=1)
+    lookup_cache_s: float = Field(default=2.0, ge=0)

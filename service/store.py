@@ -106,9 +106,18 @@ class JobKey:
 class Store:
     """Sweeps, jobs, workers and best configs; see the module docstring for the contract."""
 
-    def __init__(self, sessions: sessionmaker[Session], clock: Clock = utc_now) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock = utc_now,
+        reads: sessionmaker[Session] | None = None,
+    ) -> None:
+        """``sessions`` for writes (``sessions.begin()``), ``reads`` for read-only work (default: same)."""
         self.sessions = sessions
+        self.reads = reads or sessions
         self.clock = clock
+        #: Moves on every promotion or import in this process: caches of best configs compare it.
+        self.generation = 0
 
     # -- chips and workers ------------------------------------------------------------------
 
@@ -317,7 +326,7 @@ class Store:
 
     def sweep(self, sweep_id: int) -> SweepPublic:
         """One sweep with its jobs."""
-        with self.sessions() as session:
+        with self.reads() as session:
             sweep = session.get(SweepRow, sweep_id)
             if sweep is None:
                 raise NotFoundError(f"no sweep {sweep_id}", field="sweep_id")
@@ -325,18 +334,18 @@ class Store:
 
     def sweeps(self, limit: int = 50, offset: int = 0) -> list[SweepPublic]:
         """The newest sweeps first."""
-        with self.sessions() as session:
+        with self.reads() as session:
             rows = session.scalars(select(SweepRow).order_by(SweepRow.id.desc()).limit(limit).offset(offset))
             return [self._sweep_public(session, sweep) for sweep in rows]
 
     def job(self, job_id: int) -> JobPublic:
         """One job with its progress."""
-        with self.sessions() as session:
+        with self.reads() as session:
             return self.job_public(session, self.job_row(session, job_id))
 
     def jobs(self, state: str | None = None, limit: int = 100, offset: int = 0) -> list[JobPublic]:
         """Jobs, newest first, optionally in one state."""
-        with self.sessions() as session:
+        with self.reads() as session:
             query = select(JobRow).order_by(JobRow.id.desc()).limit(limit).offset(offset)
             if state is not None:
                 query = query.where(JobRow.state == state)
@@ -431,6 +440,7 @@ class Store:
         """Make ``config`` the best of the job's key (in ``session``) and append to its history."""
         assert job.chip_id is not None
         now = self.clock()
+        self.generation += 1
         key = JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
         best = self._best_row(session, key)
         previous_ms = best.median_ms if best is not None else None
@@ -496,7 +506,7 @@ class Store:
 
     def best_configs(self, chip: str, kernel: str | None = None) -> list[BestConfigPublic]:
         """Every best config of a chip (optionally one kernel), for bulk export and prefetch."""
-        with self.sessions() as session:
+        with self.reads() as session:
             chip_row = self.chip_by_name(session, chip)
             if chip_row is None:
                 return []
@@ -534,6 +544,7 @@ class Store:
         An entry replaces a key's best only when the key has none or the entry is faster.
         """
         changed = 0
+        self.generation += 1
         with self.sessions.begin() as session:
             for index, entry in enumerate(configs):
                 chip = self.chip_by_name(session, entry.chip)
@@ -569,7 +580,7 @@ class Store:
 
     def history(self, kernel: str, shape_key: str, dtype: str, chip: str | None = None) -> list[HistoryPoint]:
         """Every promotion of a shape's best config, oldest first (across versions, software, chips)."""
-        with self.sessions() as session:
+        with self.reads() as session:
             query = select(PromotionRow, ChipRow.name).join(ChipRow, ChipRow.id == PromotionRow.chip_id)
             query = query.where(PromotionRow.kernel == kernel)
             query = query.where(PromotionRow.shape_key == shape_key, PromotionRow.dtype == dtype)
@@ -594,14 +605,14 @@ class Store:
 
     def counts(self) -> dict[str, Any]:
         """Jobs by state and the number of best configs (for /metrics and the dashboard)."""
-        with self.sessions() as session:
+        with self.reads() as session:
             by_state = dict(session.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all())
             best = session.scalar(select(func.count()).select_from(BestConfigRow)) or 0
             return {"jobs": {str(k): int(v) for k, v in by_state.items()}, "best_configs": int(best)}
 
     def trials(self, job_id: int) -> list[TrialPublic]:
         """Every trial of a job, in the order asked (validation runs last)."""
-        with self.sessions() as session:
+        with self.reads() as session:
             self.job_row(session, job_id)
             rows = session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.id))
             return [

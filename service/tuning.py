@@ -77,7 +77,7 @@ class Tuning:
     def heartbeat(self, token: str) -> LeasePublic:
         """Renew a lease."""
         lease = self.queue.heartbeat(token)
-        with self.store.sessions() as session:
+        with self.store.reads() as session:
             return self._lease_public(lease, session.get_one(JobRow, lease.job_id))
 
     def _lease_public(self, lease: LeaseRow, job: JobRow) -> LeasePublic:
@@ -140,7 +140,7 @@ class Tuning:
             return AskPublic(phase="validate", validate_configs=self._finalists(session, job))
 
     def _job_of(self, token: str) -> int:
-        with self.store.sessions() as session:
+        with self.store.reads() as session:
             _, job = self.queue.fence(session, token)
             return job.id
 

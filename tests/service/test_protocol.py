@@ -460,3 +460,24 @@ def test_one_sweep_may_tune_several_kernels(client: TestClient) -> None:
         ("softmax", "rows=8,cols=64", "float32"),
         ("softmax", "rows=8,cols=64", "float16"),
     ]
+
+
+def test_a_body_over_the_limit_is_refused_and_changes_nothing(database_url: str) -> None:
+    upgrade(database_url)
+    with TestClient(create_app(Settings(db_url=database_url, max_body_bytes=2000), reaper=False)) as client:
+        shapes = [{"n": 1024 + i} for i in range(200)]
+        response = client.post("/v1/sweeps", json={"kernel": "add", "shapes": shapes})
+        assert response.status_code == 413
+        assert response.json()["code"] == "too_large"
+        assert client.get("/v1/jobs").json() == []
+
+
+def test_a_promotion_is_seen_by_the_next_lookup_despite_the_lookup_cache(client: TestClient) -> None:
+    worker = register(client)
+    params = {"shape": "n=65536", "chip": CHIP["name"]}
+    assert client.get("/v1/configs/add", params=params).json()["match"] == "default"
+    submit(client)
+    leased = lease(client, worker)
+    assert leased is not None
+    work_job(client, leased["token"])
+    assert client.get("/v1/configs/add", params=params).json()["match"] == "exact"

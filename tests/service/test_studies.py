@@ -13,7 +13,7 @@ SETUP = "import sys; from tiletune.service.studies import make_storage; make_sto
 
 
 def test_optuna_lives_beside_a_sqlite_database_or_in_its_own_postgres_schema() -> None:
-    assert optuna_storage_url("sqlite:///data/t.db", None) == "sqlite:///data/t.optuna.db"
+    assert optuna_storage_url("sqlite:///data/t.db", None) == "journal:data/t.optuna.log"
     assert optuna_storage_url("sqlite://", None) == "memory"
     assert optuna_storage_url("postgresql://h/db", None) == "postgresql+psycopg://h/db"
     assert optuna_storage_url("sqlite:///t.db", "sqlite:///elsewhere.db") == "sqlite:///elsewhere.db"
