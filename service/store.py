@@ -20,6 +20,7 @@ Leasing lives in :mod:`tiletune.service.queue`; the search in
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,6 +91,20 @@ def lookup_kernel(name: str, field: str = "kernel") -> KernelSpec:
         return get_kernel(name)
     except InputError as error:
         raise InvalidInputError(error.reason, field=field) from error
+
+
+@dataclass(frozen=True)
+class Winner:
+    """A config to promote for a key, with its measurement and provenance."""
+
+    shape: dict[str, int]
+    config: dict[str, int]
+    median_ms: float
+    default_config: dict[str, int] | None = None
+    default_ms: float | None = None
+    job_id: int | None = None
+    trial_id: int | None = None
+    software_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -308,7 +323,7 @@ class Store:
     @staticmethod
     def _tuned_on_current_software(session: Session, key: JobKey) -> bool:
         """True when ``key`` has a best config measured with the chip's newest software."""
-        best = Store._best_row(session, key)
+        best = Store.best_row(session, key)
         if best is None:
             return False
         newest = session.scalar(
@@ -321,7 +336,7 @@ class Store:
 
     def tuned_on_software(self, session: Session, key: JobKey, software_id: int) -> bool:
         """True when ``key`` already has a best config measured with ``software_id``."""
-        best = self._best_row(session, key)
+        best = self.best_row(session, key)
         return best is not None and best.software_id == software_id
 
     def sweep(self, sweep_id: int) -> SweepPublic:
@@ -411,7 +426,8 @@ class Store:
     # -- best configs -----------------------------------------------------------------------
 
     @staticmethod
-    def _best_row(session: Session, key: JobKey) -> BestConfigRow | None:
+    def best_row(session: Session, key: JobKey) -> BestConfigRow | None:
+        """The best config of ``key``, if one was promoted."""
         return session.scalar(
             select(BestConfigRow).where(
                 BestConfigRow.kernel == key.kernel,
@@ -422,63 +438,35 @@ class Store:
             )
         )
 
-    def best_row(self, session: Session, key: JobKey) -> BestConfigRow | None:
-        """The best config of ``key``, if one was promoted."""
-        return self._best_row(session, key)
-
-    def promote(
-        self,
-        session: Session,
-        job: JobRow,
-        *,
-        config: dict[str, int],
-        median_ms: float,
-        default_ms: float | None,
-        trial_id: int | None,
-        software_id: int | None,
-    ) -> BestConfigRow:
-        """Make ``config`` the best of the job's key (in ``session``) and append to its history."""
-        assert job.chip_id is not None
+    def promote(self, session: Session, key: JobKey, winner: Winner) -> BestConfigRow:
+        """Make ``winner`` the best config of ``key`` (in ``session``) and append it to the history."""
         now = self.clock()
         self.generation += 1
-        key = JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
-        best = self._best_row(session, key)
+        best = self.best_row(session, key)
         previous_ms = best.median_ms if best is not None else None
         if best is None:
             best = BestConfigRow(
-                kernel=job.kernel,
-                kernel_version=job.kernel_version,
-                shape_key=job.shape_key,
-                dtype=job.dtype,
-                chip_id=job.chip_id,
+                kernel=key.kernel,
+                kernel_version=key.kernel_version,
+                shape_key=key.shape_key,
+                dtype=key.dtype,
+                chip_id=key.chip_id,
             )
             session.add(best)
-        best.shape = job.shape
-        best.config = config
-        best.median_ms = median_ms
-        best.default_config = job.default_config
-        best.default_ms = default_ms
-        best.job_id = job.id
-        best.trial_id = trial_id
-        best.software_id = software_id
-        best.promoted_at = now
-        session.add(
-            PromotionRow(
-                kernel=job.kernel,
-                kernel_version=job.kernel_version,
-                shape_key=job.shape_key,
-                dtype=job.dtype,
-                chip_id=job.chip_id,
-                config=config,
-                median_ms=median_ms,
-                default_ms=default_ms,
-                previous_ms=previous_ms,
-                job_id=job.id,
-                trial_id=trial_id,
-                software_id=software_id,
-                promoted_at=now,
-            )
-        )
+        fields = {
+            "config": winner.config,
+            "median_ms": winner.median_ms,
+            "default_ms": winner.default_ms,
+            "job_id": winner.job_id,
+            "trial_id": winner.trial_id,
+            "software_id": winner.software_id,
+            "promoted_at": now,
+        }
+        for name, value in fields.items():
+            setattr(best, name, value)
+        best.shape = winner.shape
+        best.default_config = winner.default_config
+        session.add(PromotionRow(**dataclasses.asdict(key), **fields, previous_ms=previous_ms))
         session.flush()
         return best
 
@@ -541,10 +529,10 @@ class Store:
     def import_configs(self, configs: Sequence[BestConfigPublic]) -> int:
         """Store a bundle of exported best configs (chips must be known); returns how many changed.
 
-        An entry replaces a key's best only when the key has none or the entry is faster.
+        An entry replaces a key's best only when the key has none or the entry
+        is faster; it is recorded in the key's history like a promotion (no job).
         """
         changed = 0
-        self.generation += 1
         with self.sessions.begin() as session:
             for index, entry in enumerate(configs):
                 chip = self.chip_by_name(session, entry.chip)
@@ -553,28 +541,19 @@ class Store:
                         f"unknown chip {entry.chip!r}: register a worker first", f"configs[{index}].chip"
                     )
                 key = JobKey(entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype, chip.id)
-                best = self._best_row(session, key)
+                best = self.best_row(session, key)
                 if best is not None and best.median_ms <= entry.median_ms:
                     continue
                 software = self._software(session, chip.id, entry.software, self.clock())
-                if best is None:
-                    best = BestConfigRow(
-                        kernel=entry.kernel,
-                        kernel_version=entry.kernel_version,
-                        shape_key=entry.shape_key,
-                        dtype=entry.dtype,
-                        chip_id=chip.id,
-                    )
-                    session.add(best)
-                best.shape = entry.shape
-                best.config = entry.config
-                best.median_ms = entry.median_ms
-                best.default_config = entry.default_config
-                best.default_ms = entry.default_ms
-                best.job_id = None
-                best.trial_id = None
-                best.software_id = software.id
-                best.promoted_at = self.clock()
+                winner = Winner(
+                    shape=entry.shape,
+                    config=entry.config,
+                    median_ms=entry.median_ms,
+                    default_config=entry.default_config,
+                    default_ms=entry.default_ms,
+                    software_id=software.id,
+                )
+                self.promote(session, key, winner)
                 changed += 1
         return changed
 

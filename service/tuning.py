@@ -42,7 +42,7 @@ from tiletune.kernels import Config
 from tiletune.service.errors import ConflictError, InvalidInputError
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow, WorkerRow
 from tiletune.service.queue import FINISHED_STATES, JobQueue
-from tiletune.service.store import JobKey, Store, aware, chip_limits, lookup_kernel
+from tiletune.service.store import JobKey, Store, Winner, aware, chip_limits, lookup_kernel
 from tiletune.service.studies import StudyHost
 from tiletune.tuner.search import Search
 
@@ -178,10 +178,7 @@ class Tuning:
         configs = [config for config, _ in search.best(job.validate_top)]
         if job.default_config is not None:
             configs.append(dict(job.default_config))
-        assert job.chip_id is not None
-        best = self.store.best_row(
-            session, JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
-        )
+        best = self.store.best_row(session, _key(job))
         if best is not None:
             configs.append(dict(best.config))
         unique: list[Config] = []
@@ -281,15 +278,17 @@ class Tuning:
             job.default_ms = default_ms if default_ms is not None else job.default_ms
             if self._beats_incumbent(session, job, winner.config, winner_ms, measured):
                 worker = self.queue.worker_of(session, lease)
-                self.store.promote(
-                    session,
-                    job,
+                winner_row = Winner(
+                    shape=job.shape,
                     config=winner.config,
                     median_ms=winner_ms,
+                    default_config=job.default_config,
                     default_ms=default_ms,
+                    job_id=job.id,
                     trial_id=winner.id,
                     software_id=worker.software_id,
                 )
+                self.store.promote(session, _key(job), winner_row)
             job.state = "done"
             job.finished_at = self.store.clock()
             self.queue.end(session, lease, job, "completed", failed=False)
@@ -333,10 +332,7 @@ class Tuning:
         measured: list[tuple[TrialRow, float]],
     ) -> bool:
         """True when the key has no best, or its best (measured in this run) is slower than the winner."""
-        assert job.chip_id is not None
-        best = self.store.best_row(
-            session, JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
-        )
+        best = self.store.best_row(session, _key(job))
         if best is None:
             return True
         if best.config == config:
@@ -420,3 +416,9 @@ def _worker_public(worker: WorkerRow, chip: ChipRow, software: dict[str, str | N
         software=software,
         last_seen_at=aware(worker.last_seen_at),
     )
+
+
+def _key(job: JobRow) -> JobKey:
+    """The key a job tunes (the job is bound to its chip)."""
+    assert job.chip_id is not None
+    return JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
