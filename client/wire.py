@@ -75,7 +75,8 @@ class SweepCreate(_Wire):
     ``chips`` are the chip names workers register; empty means any chip (each
     job binds to the first chip that leases it). ``trials`` is the search's
     budget of unique valid measurements per job; ``max_time_s`` an optional
-    time budget. ``workers_per_job`` lets several workers of one chip share a
+    time budget; ``patience`` stops a job after that many measurements
+    without improving its best (convergence). ``workers_per_job`` lets several workers of one chip share a
     job. ``force`` tunes keys again even when they are already tuned on the
     same chip, kernel version and software.
     """
@@ -89,6 +90,7 @@ class SweepCreate(_Wire):
     strategy: Literal["tpe", "random", "grid"] = "tpe"
     trials: int = Field(default=40, ge=1, le=10_000)
     max_time_s: float | None = Field(default=None, gt=0)
+    patience: int | None = Field(default=None, ge=1)
     seed: int = 0
     workers_per_job: int = Field(default=1, ge=1, le=64)
     validate_top: int = Field(default=3, ge=1, le=16)

@@ -139,6 +139,7 @@ class JobRow(Base):
     strategy: Mapped[str] = mapped_column(String(16))
     trials: Mapped[int]
     max_time_s: Mapped[float | None] = mapped_column(Float)
+    patience: Mapped[int | None]
     seed: Mapped[int]
     workers_per_job: Mapped[int]
     validate_top: Mapped[int]

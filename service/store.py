@@ -307,6 +307,7 @@ class Store:
             strategy=request.strategy,
             trials=request.trials,
             max_time_s=request.max_time_s,
+            patience=request.patience,
             seed=request.seed,
             workers_per_job=request.workers_per_job,
             validate_top=request.validate_top,

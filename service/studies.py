@@ -130,6 +130,7 @@ class StudyHost:
             seed=job.seed,
             max_trials=None if job.strategy == "grid" else job.trials,
             max_time_s=job.max_time_s,
+            patience=job.patience,
             storage=self.storage,
             study_name=f"job-{job.id}",
         )

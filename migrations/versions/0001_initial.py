@@ -59,6 +59,7 @@ def upgrade() -> None:
         sa.Column("strategy", sa.String(length=16), nullable=False),
         sa.Column("trials", sa.Integer(), nullable=False),
         sa.Column("max_time_s", sa.Float(), nullable=True),
+        sa.Column("patience", sa.Integer(), nullable=True),
         sa.Column("seed", sa.Integer(), nullable=False),
         sa.Column("workers_per_job", sa.Integer(), nullable=False),
         sa.Column("validate_top", sa.Integer(), nullable=False),

@@ -481,3 +481,16 @@ def test_a_promotion_is_seen_by_the_next_lookup_despite_the_lookup_cache(client:
     assert leased is not None
     work_job(client, leased["token"])
     assert client.get("/v1/configs/add", params=params).json()["match"] == "exact"
+
+
+def test_a_job_ends_on_convergence_when_given_patience(client: TestClient) -> None:
+    worker = register(client)
+    submit(client, trials=40, patience=3)
+    leased = lease(client, worker)
+    assert leased is not None
+    token = leased["token"]
+    while (answer := ask(client, token))["phase"] == "search":
+        outcomes = [{"trial_id": t["trial_id"], "measurement": measurement(1.0)} for t in answer["tasks"]]
+        client.post(f"/v1/leases/{token}/tell", json={"outcomes": outcomes}).raise_for_status()
+    assert answer["phase"] == "validate"
+    assert client.get(f"/v1/jobs/{leased['job']['id']}").json()["progress"]["completed"] == 4
