@@ -336,11 +336,27 @@ class LookupPublic(_Wire):
     best: BestConfigPublic | None = None
 
 
+class KernelInfo(_Wire):
+    """What a client needs to know of a kernel to pick among tuned shapes without the kernel's code.
+
+    ``dims`` in the spec's order; ``categorical`` dims select a variant (never
+    crossed by the nearest-shape fallback); ``knobs`` are the config's names.
+    """
+
+    name: str
+    version: int
+    dims: list[str]
+    categorical: list[str] = Field(default_factory=list)
+    knobs: list[str] = Field(default_factory=list)
+
+
 class ConfigBundle(_Wire):
-    """Bulk export / import of best configs (one chip, optionally one kernel)."""
+    """Bulk export / import of best configs (one chip, optionally one kernel), with the kernels' info."""
 
     format: Literal["tiletune.configs/1"] = "tiletune.configs/1"
     exported_at: datetime | None = None
+    chip: str | None = None
+    kernels: list[KernelInfo] = Field(default_factory=list)
     configs: list[BestConfigPublic]
 
 
@@ -372,3 +388,44 @@ class TrialPublic(_Wire):
     reason: str | None
     asked_at: datetime
     told_at: datetime | None
+
+
+# -- misses: shapes clients asked for that nobody tuned ---------------------------------------------
+
+
+class MissReport(_Wire):
+    """A key a client answered with ``nearest`` or ``default``, and how often since its last report."""
+
+    kernel: str = Field(min_length=1, max_length=64)
+    shape: Shape
+    dtype: str
+    chip: str = Field(min_length=1, max_length=200)
+    match: Literal["nearest", "default"]
+    count: int = Field(default=1, ge=1)
+
+
+class MissesCreate(_Wire):
+    """A batch of misses from one client (sent off the launch path)."""
+
+    misses: list[MissReport] = Field(min_length=1, max_length=10_000)
+
+
+class MissPublic(_Wire):
+    """A key's miss count on the server and the job queued for it, if any."""
+
+    kernel: str
+    shape: Shape
+    shape_key: str
+    dtype: str
+    chip: str
+    count: int
+    job_id: int | None
+    first_seen_at: datetime
+    last_seen_at: datetime
+
+
+class MissesPublic(_Wire):
+    """What a batch of misses did: keys counted, jobs queued by the server's policy."""
+
+    accepted: int
+    queued_jobs: list[int]

@@ -3,14 +3,32 @@
 Owns the kernel spec contract (``spec``), the built-in kernels (``add``,
 ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``), the tiled
 pipeline executor their portable PyTorch implementations share (``pipeline``),
-the kernel registry with its plugin entry points (``registry``), and devices
-(``device``: chip identity, limits, timers).
+the kernel registry with its plugin entry points (``registry``), devices
+(``device``: chip identity, limits, timers), and the launch helper (``launch``:
+run a kernel under the config a client gives for the call's shape).
 
-Imports torch; triton and torch_npu only lazily. Never imports tiletune.tuner,
-tiletune.service or tiletune.client internals.
+Imports torch; triton and torch_npu only lazily. Of tiletune.client it imports
+only ``tiletune.client.chip`` (chip names and the software fingerprint, shared
+with runtime clients so both name chips alike); never tiletune.tuner,
+tiletune.service or other client internals.
 """
 
+from tiletune.kernels.launcher import ConfigSource, Selection, launch, select_config, tiled
 from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import Config, DeviceLimits, Dim, KernelSpec, Knob, Shape
 
-__all__ = ["Config", "DeviceLimits", "Dim", "KernelSpec", "Knob", "Shape", "all_kernels", "get_kernel"]
+__all__ = [
+    "Config",
+    "ConfigSource",
+    "DeviceLimits",
+    "Dim",
+    "KernelSpec",
+    "Knob",
+    "Selection",
+    "Shape",
+    "all_kernels",
+    "get_kernel",
+    "launch",
+    "select_config",
+    "tiled",
+]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -29,6 +30,7 @@ from tiletune.kernels.spec import (
     Knob,
     Shape,
     element_size,
+    expect_inputs,
     heuristic_tiling,
     snap_down,
     torch_dtype,
@@ -64,6 +66,14 @@ class AddSpec(KernelSpec):
             "pipeline_depth": rule.pipeline_depth,
         }
 
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """``n``: the elements of ``a`` and ``b``, which must have the same size (any number of dims)."""
+        expect_inputs(self.name, inputs, ("a", "b"))
+        a, b = inputs
+        if a.shape != b.shape:
+            raise ShapeError("inputs.b", f"must have a's size {list(a.shape)}, got {list(b.shape)}")
+        return {"n": a.numel()}
+
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0
     ) -> tuple[torch.Tensor, ...]:
@@ -82,7 +92,7 @@ class AddSpec(KernelSpec):
     ) -> torch.Tensor:
         """Tiled ``a + b`` through the pipeline executor."""
         require_backend(self.backends(), backend)
-        a, b = inputs
+        a, b = (t.reshape(-1) for t in inputs)  # flat: n elements, whatever the callers' sizes
         out = torch.empty_like(a)
         tile, buffers = config["tile_size"], config["buffer_num"]
         a_tiles, b_tiles, out_tiles = (torch.split(t, tile) for t in (a, b, out))
@@ -102,7 +112,7 @@ class AddSpec(KernelSpec):
 
         loop = TiledLoop([1] * len(sizes), copy_in, compute, copy_out)
         execute(loop, buffers, config["pipeline_depth"], a.device)
-        return out
+        return out.view(inputs[0].shape)
 
     def flops(self, shape: Shape) -> float:
         """One add per element."""

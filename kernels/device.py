@@ -7,15 +7,16 @@ on, and a timer: ``time.perf_counter_ns`` on CPUs, device events with
 synchronisation on accelerators. CUDA goes through torch; the NPU through
 torch_npu, imported only when an NPU is asked for, so its absence is a clear
 :class:`DeviceUnavailableError`, never an import-time traceback.
+
+Chip names and the software fingerprint are built by :mod:`tiletune.client.chip`
+(standard library only), so the names workers register and the names runtime
+clients look configs up under are equal by construction;
+``software_fingerprint`` is re-exported here.
 """
 
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
-import os
-import platform
-import re
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -25,8 +26,23 @@ from pathlib import Path
 
 import torch
 
+from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name, software_fingerprint
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
 from tiletune.kernels.spec import DeviceLimits
+
+__all__ = [
+    "ASCEND_UB_BYTES",
+    "DEVICE_KINDS",
+    "AcceleratorDevice",
+    "Chip",
+    "CpuDevice",
+    "Device",
+    "ascend_limits",
+    "available_kinds",
+    "cpu_chip",
+    "get_device",
+    "software_fingerprint",
+]
 
 DEVICE_KINDS = ("cpu", "cuda", "npu")
 
@@ -112,29 +128,6 @@ class AcceleratorDevice(Device):
         return float(start.elapsed_time(end))
 
 
-def _cpu_model_and_flags() -> tuple[str, set[str]]:
-    model, flags = platform.processor() or platform.machine(), set[str]()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key == "model name" and model in ("", platform.machine(), platform.processor()):
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = set(value.split())
-    model = re.sub(r"\((R|TM)\)|CPU @.*|\s\d+-Core Processor|Processor", "", model)
-    return " ".join(model.split()) or platform.machine(), flags
-
-
-def _cpu_features(flags: set[str]) -> list[str]:
-    named = [("avx512f", "AVX-512"), ("amx_tile", "AMX"), ("sve", "SVE")]
-    features = [label for flag, label in named if flag in flags]
-    if not features:
-        features = [label for flag, label in [("avx2", "AVX2"), ("asimd", "NEON")] if flag in flags]
-    return features
-
-
 def _cpu_l2_bytes() -> int:
     for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
         try:
@@ -150,11 +143,7 @@ def _cpu_l2_bytes() -> int:
 @cache
 def cpu_chip() -> Chip:
     """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory."""
-    model, flags = _cpu_model_and_flags()
-    features = _cpu_features(flags)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    label = f"{model} ({', '.join(features)})" if features else model
-    return Chip("cpu", f"cpu/{label}/{cores}c", DeviceLimits(local_memory_bytes=_cpu_l2_bytes()))
+    return Chip("cpu", cpu_chip_name(), DeviceLimits(local_memory_bytes=_cpu_l2_bytes()))
 
 
 def _cuda_device(index: int = 0) -> AcceleratorDevice:
@@ -162,8 +151,11 @@ def _cuda_device(index: int = 0) -> AcceleratorDevice:
         raise DeviceUnavailableError("cuda: no CUDA device is visible to torch")
     props = torch.cuda.get_device_properties(index)
     smem = int(getattr(props, "shared_memory_per_block_optin", 0) or DEFAULT_GPU_SMEM_BYTES)
-    name = f"cuda/{props.name}/sm_{props.major}{props.minor}"
-    chip = Chip("cuda", name, DeviceLimits(local_memory_bytes=smem, max_buffer_num=8, alignment_bytes=16))
+    chip = Chip(
+        "cuda",
+        cuda_chip_name(props),
+        DeviceLimits(local_memory_bytes=smem, max_buffer_num=8, alignment_bytes=16),
+    )
     return AcceleratorDevice(chip, torch.device("cuda", index), torch.cuda)
 
 
@@ -187,7 +179,7 @@ def _npu_device(index: int = 0) -> AcceleratorDevice:
     if npu is None or not npu.is_available():
         raise DeviceUnavailableError("npu: torch_npu is installed but no NPU is visible")
     soc = str(npu.get_device_name(index))
-    chip = Chip("npu", f"npu/{soc}", ascend_limits(soc))
+    chip = Chip("npu", npu_chip_name(soc), ascend_limits(soc))
     return AcceleratorDevice(chip, torch.device("npu", index), npu)
 
 
@@ -225,22 +217,3 @@ def available_kinds() -> list[str]:
             continue
         kinds.append(kind)
     return kinds
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-@cache
-def software_fingerprint() -> dict[str, str | None]:
-    """Versions of the software a measurement depends on, stored beside the chip."""
-    return {
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "torch_npu": _version("torch_npu"),
-        "cann": os.environ.get("ASCEND_TOOLKIT_VERSION"),
-        "python": platform.python_version(),
-    }

@@ -47,6 +47,9 @@ from tiletune.kernels.spec import (
     Knob,
     Shape,
     element_size,
+    expect_inputs,
+    expect_ndim,
+    expect_size,
     heuristic_tiling,
     pow2_floor,
     snap_down,
@@ -224,6 +227,30 @@ class FusedAttentionSpec(KernelSpec):
             "block_kv": snap_down(shape["seq_kv"] if small else side, values["block_kv"]),
             "buffer_num": rule.buffer_num,
             "pipeline_depth": rule.pipeline_depth,
+        }
+
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """From ``q [batch, heads, seq_q, head_dim]`` and ``k``, ``v [batch, heads, seq_kv, head_dim]``.
+
+        The tensors cannot tell ``causal``: it is 0 here; ``launch(..., causal=1)`` sets it.
+        """
+        expect_inputs(self.name, inputs, ("q", "k", "v"))
+        q, k, v = inputs
+        layout = "[batch, heads, seq, head_dim]"
+        for name, tensor in zip("qkv", inputs, strict=True):
+            expect_ndim(name, tensor, 4, layout)
+        batch, heads, seq_q, head_dim = q.shape
+        for name, tensor in (("k", k), ("v", v)):
+            for index, dim in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+                expect_size(name, tensor.shape[index], q.shape[index], f"its {dim} (dim {index})")
+        expect_size("v", v.shape[2], k.shape[2], "its seq_kv (dim 2, as k's)")
+        return {
+            "batch": batch,
+            "heads": heads,
+            "seq_q": seq_q,
+            "seq_kv": k.shape[2],
+            "head_dim": head_dim,
+            "causal": 0,
         }
 
     def make_inputs(

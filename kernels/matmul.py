@@ -37,6 +37,9 @@ from tiletune.kernels.spec import (
     Knob,
     Shape,
     element_size,
+    expect_inputs,
+    expect_ndim,
+    expect_size,
     heuristic_tiling,
     pow2_floor,
     snap_down,
@@ -84,6 +87,15 @@ class MatmulSpec(KernelSpec):
             for knob, dim in (("tile_m", "m"), ("tile_n", "n"), ("tile_k", "k"))
         }
         return {**tiles, "buffer_num": rule.buffer_num, "pipeline_depth": rule.pipeline_depth}
+
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """``m`` and ``k`` from ``A [m, k]``, ``n`` from ``B [k, n]``."""
+        expect_inputs(self.name, inputs, ("a", "b"))
+        a, b = inputs
+        expect_ndim("a", a, 2, "a matrix [m, k]")
+        expect_ndim("b", b, 2, "a matrix [k, n]")
+        expect_size("b", b.shape[0], a.shape[1], "its first dim (k)")
+        return {"m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
 
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0

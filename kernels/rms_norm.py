@@ -20,7 +20,7 @@ import torch
 
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.softmax import FLOAT32_BYTES, RowBuffers, RowKernelSpec, row_plan
-from tiletune.kernels.spec import Config, Shape, element_size
+from tiletune.kernels.spec import Config, Shape, element_size, expect_ndim, expect_size
 
 EPS = 1e-6
 
@@ -41,6 +41,16 @@ class RmsNormSpec(RowKernelSpec):
     name = "rms_norm"
     version = 1
     description = "y = x / sqrt(mean(x^2) + 1e-6) * w over each row of a rows x cols matrix"
+
+    input_names = ("x", "w")
+
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """As for every row-wise kernel (``x``'s last dim is ``cols``); ``w`` is a vector of ``cols``."""
+        shape = super().shape_of(inputs)
+        w = inputs[1]
+        expect_ndim("w", w, 1, "a vector of cols weights")
+        expect_size("w", w.shape[0], shape["cols"], "its length")
+        return shape
 
     def _state_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """Sum of squares per row (float32, running and block), the weight, low-precision scratch."""
@@ -68,8 +78,8 @@ class RmsNormSpec(RowKernelSpec):
     ) -> torch.Tensor:
         """Tiled rms_norm through the pipeline executor."""
         require_backend(self.backends(), backend)
-        x, w = inputs
         cols = shape["cols"]
+        x, w = inputs[0].reshape(-1, cols), inputs[1]  # rows x cols, whatever the caller's leading dims
         out = torch.empty_like(x)
         plan = row_plan(shape["rows"], cols, config["tile_rows"], config["tile_cols"])
         local = RowBuffers.allocate(x, config)
@@ -104,7 +114,7 @@ class RmsNormSpec(RowKernelSpec):
 
         loop = TiledLoop(plan.tile_steps, copy_in, compute, copy_out)
         execute(loop, config["buffer_num"], config["pipeline_depth"], x.device)
-        return out
+        return out.view(inputs[0].shape)
 
 
 SPEC = RmsNormSpec()

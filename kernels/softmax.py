@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -42,6 +43,7 @@ from tiletune.kernels.spec import (
     Knob,
     Shape,
     element_size,
+    expect_inputs,
     heuristic_tiling,
     snap_down,
     torch_dtype,
@@ -117,6 +119,18 @@ class RowKernelSpec(KernelSpec):
         BUFFER_NUM,
         PIPELINE_DEPTH,
     )
+
+    #: The tensors ``run`` takes, in order (``x`` first).
+    input_names: tuple[str, ...] = ("x",)
+
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """``cols``: the last dim of ``x``; ``rows``: all its other dims together (1 for a vector)."""
+        expect_inputs(self.name, inputs, self.input_names)
+        x = inputs[0]
+        if x.dim() == 0:
+            raise ShapeError("inputs.x", "must have at least one dim (the row's elements), got a scalar")
+        cols = x.shape[-1]
+        return {"rows": x.numel() // cols if cols else 0, "cols": cols}
 
     @abstractmethod
     def _state_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
@@ -238,7 +252,7 @@ class SoftmaxSpec(RowKernelSpec):
     ) -> torch.Tensor:
         """Tiled softmax through the pipeline executor."""
         require_backend(self.backends(), backend)
-        x = inputs[0]
+        x = inputs[0].reshape(-1, shape["cols"])  # rows x cols, whatever the caller's leading dims
         out = torch.empty_like(x)
         plan = row_plan(shape["rows"], shape["cols"], config["tile_rows"], config["tile_cols"])
         local = RowBuffers.allocate(x, config)
@@ -274,7 +288,7 @@ class SoftmaxSpec(RowKernelSpec):
             config["pipeline_depth"],
             x.device,
         )
-        return out
+        return out.view(inputs[0].shape)
 
 
 SPEC = SoftmaxSpec()

@@ -11,7 +11,9 @@ A kernel declares, once and declaratively:
   (``heuristic_tiling`` below, mapped onto the kernel's knobs);
 - ``reference`` and ``make_inputs``: the correct answer for checking configs;
 - implementations per backend (``run``), in which every knob changes execution;
-- ``flops`` and ``bytes_moved`` for achieved GFLOP/s and GB/s.
+- ``flops`` and ``bytes_moved`` for achieved GFLOP/s and GB/s;
+- ``shape_of``: the shape of a call read from its tensors, which
+  :func:`tiletune.kernels.launcher` needs (optional for plugins that are only tuned).
 
 Users tune their own operators by subclassing :class:`KernelSpec` in their own
 package and registering an instance (or the class) under the entry-point group
@@ -55,6 +57,14 @@ def torch_dtype(name: str) -> torch.dtype:
         raise DTypeError("dtype", f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    """The dtype name of a torch dtype; raises :class:`DTypeError` naming the supported ones."""
+    for name, candidate in DTYPES.items():
+        if candidate == dtype:
+            return name
+    raise DTypeError("dtype", f"tensors of {dtype} are not supported; use one of {', '.join(DTYPES)}")
+
+
 def element_size(dtype: str) -> int:
     """Bytes per element of a dtype name."""
     return torch.empty((), dtype=torch_dtype(dtype)).element_size()
@@ -76,6 +86,26 @@ def parse_dims(text: str) -> dict[str, object]:
     if not dims:
         raise ShapeError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
     return dims
+
+
+def expect_inputs(kernel: str, inputs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
+    """Raise :class:`ShapeError` unless ``inputs`` are as many tensors as ``names`` (for ``shape_of``)."""
+    if len(inputs) != len(names):
+        raise ShapeError(
+            "inputs", f"{kernel} takes {len(names)} tensor(s) ({', '.join(names)}), got {len(inputs)}"
+        )
+
+
+def expect_ndim(name: str, tensor: torch.Tensor, ndim: int, layout: str) -> None:
+    """Raise :class:`ShapeError` (field ``inputs.<name>``) unless ``tensor`` has ``ndim`` dims."""
+    if tensor.dim() != ndim:
+        raise ShapeError(f"inputs.{name}", f"must be {layout}, got a tensor of size {list(tensor.shape)}")
+
+
+def expect_size(name: str, got: int, expected: int, what: str) -> None:
+    """Raise :class:`ShapeError` (field ``inputs.<name>``) unless a size read from it matches."""
+    if got != expected:
+        raise ShapeError(f"inputs.{name}", f"{what} is {got}, expected {expected}")
 
 
 @dataclass(frozen=True)
@@ -274,6 +304,23 @@ class KernelSpec(ABC):
                 )
             config[name] = value
         return config
+
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """The shape of a call on ``inputs`` (the tensors ``run`` takes, in its order).
+
+        Size dims are read from the tensors; a dim the tensors cannot tell (a
+        categorical one such as ``causal``) takes the value the kernel documents
+        (``launch`` lets the caller override it by keyword). Raises
+        :class:`ShapeError` naming the input at fault when the tensors do not
+        fit together. Built-in kernels implement it; the base raises
+        ``NotImplementedError``, so a plugin kernel is tunable without it but
+        launchable only once it overrides this method.
+        """
+        raise NotImplementedError(
+            f"kernel {self.name!r} ({type(self).__name__}) does not implement shape_of(inputs), which "
+            "tiletune.kernels.launcher needs to read a call's shape from its tensors; "
+            "override KernelSpec.shape_of in the kernel's spec"
+        )
 
     def canonical_shape(self, shape: Shape) -> str:
         """The shape's canonical string, dims in spec order: ``m=64,n=64,k=64``."""

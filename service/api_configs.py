@@ -8,7 +8,8 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
-from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
+from tiletune.client.wire import ConfigBundle, HistoryPoint, KernelInfo, LookupPublic
+from tiletune.kernels import KernelSpec, all_kernels
 from tiletune.service.dependencies import LookupCacheDep, StoreDep
 from tiletune.service.lookup import lookup, parse_key
 
@@ -44,8 +45,31 @@ async def lookup_config(
 
 @router.get("/v1/configs")
 def export_configs(chip: str, store: StoreDep, kernel: str | None = None) -> ConfigBundle:
-    """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle."""
-    return ConfigBundle(configs=store.best_configs(chip, kernel))
+    """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle.
+
+    The bundle carries the info of every registered kernel (or of ``kernel``
+    alone; none when it is not registered), so a client can pick the nearest
+    tuned shape without the kernels' code.
+    """
+    kernels = all_kernels()
+    specs = list(kernels.values()) if kernel is None else [kernels[kernel]] if kernel in kernels else []
+    return ConfigBundle(
+        exported_at=store.clock(),
+        chip=chip,
+        kernels=[kernel_info(spec) for spec in specs],
+        configs=store.best_configs(chip, kernel),
+    )
+
+
+def kernel_info(spec: KernelSpec) -> KernelInfo:
+    """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs."""
+    return KernelInfo(
+        name=spec.name,
+        version=spec.version,
+        dims=[dim.name for dim in spec.dims],
+        categorical=[dim.name for dim in spec.dims if dim.categorical],
+        knobs=[knob.name for knob in spec.knobs],
+    )
 
 
 @router.post("/v1/configs/import")

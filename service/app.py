@@ -1,6 +1,6 @@
 """The FastAPI application factory: ``create_app(settings)``.
 
-Builds the engine, store, queue, searches and worker protocol for the given
+Builds the engine, store, queue, searches, worker protocol and miss counter for the given
 settings (nothing at import time), mounts the ``/v1`` routers, turns every
 :class:`~tiletune.service.errors.ServiceError` and validation error into a
 JSON ``ErrorBody`` (validation errors name the field), refuses bodies over
@@ -25,10 +25,11 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
-from tiletune.service import api_configs, api_sweeps, api_workers
+from tiletune.service import api_configs, api_misses, api_sweeps, api_workers
 from tiletune.service.database import is_sqlite, make_engine, make_sessions
 from tiletune.service.errors import ServiceError
 from tiletune.service.lookup import LookupCache
+from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.settings import Settings
 from tiletune.service.store import Clock, Store, utc_now
@@ -51,6 +52,7 @@ class Services:
     queue: JobQueue
     tuning: Tuning
     lookup_cache: LookupCache
+    misses: Misses
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -68,8 +70,14 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     )
     optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
     studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
+    misses = Misses(store, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
     return Services(
-        settings, store, queue, Tuning(store, queue, studies), LookupCache(settings.lookup_cache_s)
+        settings,
+        store,
+        queue,
+        Tuning(store, queue, studies),
+        LookupCache(settings.lookup_cache_s),
+        misses,
     )
 
 
@@ -96,7 +104,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         lifespan=lifespan,
     )
     app.state.services = services
-    for router in (api_sweeps.router, api_workers.router, api_configs.router):
+    for router in (api_sweeps.router, api_workers.router, api_configs.router, api_misses.router):
         app.include_router(router)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

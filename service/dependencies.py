@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from tiletune.service.lookup import LookupCache
+from tiletune.service.misses import Misses
 from tiletune.service.store import Store
 from tiletune.service.tuning import Tuning
 
@@ -26,6 +27,12 @@ def _lookup_cache(request: Request) -> LookupCache:
     return cache
 
 
+def _misses(request: Request) -> Misses:
+    misses: Misses = request.app.state.services.misses
+    return misses
+
+
 StoreDep = Annotated[Store, Depends(_store)]
 LookupCacheDep = Annotated[LookupCache, Depends(_lookup_cache)]
 TuningDep = Annotated[Tuning, Depends(_tuning)]
+MissesDep = Annotated[Misses, Depends(_misses)]

@@ -13,7 +13,9 @@ Tables:
 - ``leases`` (a worker's claim on a job, fenced by its token);
 - ``trials`` (every config asked for a job, with its outcome);
 - ``best_configs`` (the promoted winner per kernel, version, shape, dtype,
-  chip) and ``promotions`` (every promotion, for history).
+  chip) and ``promotions`` (every promotion, for history);
+- ``misses`` (keys clients answered with ``nearest`` or ``default``: how
+  often, and the demand job queued for them; see ``tiletune.service.misses``).
 """
 
 from __future__ import annotations
@@ -249,3 +251,31 @@ class PromotionRow(Base):
     trial_id: Mapped[int | None] = mapped_column(ForeignKey("trials.id"))
     software_id: Mapped[int | None] = mapped_column(ForeignKey("software.id"))
     promoted_at: Mapped[datetime]
+
+
+class MissRow(Base):
+    """How often clients missed one key (no exact best config), and the demand job queued for it.
+
+    The key names the chip by ``chip_name`` (what clients report): misses on a
+    chip no worker has registered are counted too, with ``chip_id`` ``NULL``
+    until a report arrives after the chip registered. ``last_match`` is the answer
+    of the last report (``nearest`` or ``default``); ``job_id`` the job demand
+    queued for the key (at most one).
+    """
+
+    __tablename__ = "misses"
+    __table_args__ = (UniqueConstraint("kernel", "kernel_version", "shape_key", "dtype", "chip_name"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape: Mapped[JsonDict]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    dtype: Mapped[str] = mapped_column(String(16))
+    chip_name: Mapped[str] = mapped_column(String(200))
+    chip_id: Mapped[int | None] = mapped_column(ForeignKey("chips.id"))
+    count: Mapped[int] = mapped_column(Integer)
+    last_match: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
+    first_seen_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]

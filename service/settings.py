@@ -24,7 +24,10 @@ class Settings(BaseSettings):
     - ``reap_interval_s``: how often expired leases are returned to the queue;
     - ``max_body_bytes``: requests with larger bodies are refused (413);
     - ``lookup_cache_s``: how long a replica reuses a single-key lookup's answer
-      (a promotion in the same replica is seen at once; 0 turns the cache off).
+      (a promotion in the same replica is seen at once; 0 turns the cache off);
+    - ``miss_queue_threshold``: reports of one missed key after which the server
+      queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
+      the trials of such a job (see ``tiletune.service.misses``).
     """
 
     model_config = SettingsConfigDict(env_prefix="TILETUNE_")
@@ -38,3 +41,5 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_sweep: int = Field(default=10_000, ge=1)
     lookup_cache_s: float = Field(default=2.0, ge=0)
+    miss_queue_threshold: int = Field(default=3, ge=0)
+    miss_trials: int = Field(default=40, ge=1, le=10_000)

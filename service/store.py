@@ -10,7 +10,8 @@ Contract (one suite of tests runs it on both databases):
 - ``submit`` validates every (shape, dtype) against the kernel's spec and
   creates one ``queued`` job per (shape, dtype, chip target); a key already
   tuned on that chip with the same kernel version and software is created
-  ``skipped`` unless ``force``;
+  ``skipped`` unless ``force``; ``submit_in`` does the same inside a caller's
+  transaction (demand-driven tuning, :mod:`tiletune.service.misses`);
 - ``promote`` replaces a key's best config and appends to its history;
 - time comes from the injected ``clock``.
 
@@ -44,7 +45,7 @@ from tiletune.client.wire import (
     TrialPublic,
     WorkerCreate,
 )
-from tiletune.kernels import DeviceLimits, KernelSpec, get_kernel
+from tiletune.kernels import DeviceLimits, KernelSpec, Shape, get_kernel
 from tiletune.kernels.errors import InputError
 from tiletune.kernels.spec import DTYPES
 from tiletune.service.errors import InvalidInputError, NotFoundError
@@ -210,6 +211,16 @@ class Store:
 
     def submit(self, request: SweepCreate, max_jobs: int = 10_000) -> SweepPublic:
         """Validate a sweep and create its jobs; see the module docstring."""
+        keys = self._sweep_keys(request, max_jobs)
+        with self.sessions.begin() as session:
+            return self._create_sweep(session, request, keys)
+
+    def submit_in(self, session: Session, request: SweepCreate, max_jobs: int = 10_000) -> SweepPublic:
+        """:meth:`submit` inside the caller's transaction ``session`` (same rules, same skips)."""
+        return self._create_sweep(session, request, self._sweep_keys(request, max_jobs))
+
+    def _sweep_keys(self, request: SweepCreate, max_jobs: int) -> list[tuple[KernelSpec, Shape, str, str]]:
+        """Every (spec, shape, dtype, chip target) of a valid sweep; errors name the field."""
         work = self._parse_parts(request)
         for index, dtype in enumerate(request.dtypes):
             if dtype not in DTYPES:
@@ -231,28 +242,32 @@ class Store:
             raise InvalidInputError(
                 f"the sweep makes {len(keys)} jobs; at most {max_jobs} are allowed", "shapes"
             )
+        return keys
+
+    def _create_sweep(
+        self, session: Session, request: SweepCreate, keys: Sequence[tuple[KernelSpec, Shape, str, str]]
+    ) -> SweepPublic:
         now = self.clock()
-        with self.sessions.begin() as session:
-            kernels = list(dict.fromkeys(spec.name for spec, _ in work))
-            sweep = SweepRow(
-                name=request.name, kernels=kernels, request=request.model_dump(mode="json"), created_at=now
+        kernels = list(dict.fromkeys(spec.name for spec, _, _, _ in keys))
+        sweep = SweepRow(
+            name=request.name, kernels=kernels, request=request.model_dump(mode="json"), created_at=now
+        )
+        session.add(sweep)
+        session.flush()
+        for spec, shape, dtype, chip in keys:
+            job = self._new_job(
+                session,
+                sweep_id=sweep.id,
+                spec=spec,
+                shape=shape,
+                dtype=dtype,
+                chip_target=chip,
+                request=request,
+                now=now,
             )
-            session.add(sweep)
-            session.flush()
-            for spec, shape, dtype, chip in keys:
-                job = self._new_job(
-                    session,
-                    sweep_id=sweep.id,
-                    spec=spec,
-                    shape=shape,
-                    dtype=dtype,
-                    chip_target=chip,
-                    request=request,
-                    now=now,
-                )
-                session.add(job)
-            session.flush()
-            return self._sweep_public(session, sweep)
+            session.add(job)
+        session.flush()
+        return self._sweep_public(session, sweep)
 
     @classmethod
     def _parse_parts(cls, request: SweepCreate) -> list[tuple[KernelSpec, list[dict[str, int]]]]:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from tiletune.client import chip as client_chip
 from tiletune.kernels.device import ascend_limits, available_kinds, cpu_chip, get_device, software_fingerprint
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
 
@@ -62,3 +66,32 @@ def test_software_fingerprint_names_torch() -> None:
     fingerprint = software_fingerprint()
     assert fingerprint["torch"] == torch.__version__
     assert set(fingerprint) >= {"torch", "triton", "torch_npu"}
+
+
+def test_software_fingerprint_reads_versions_without_importing() -> None:
+    """Metadata versions equal the imported modules' (local tag included, e.g. ``+cpu``)."""
+    assert software_fingerprint()["torch"] == str(torch.__version__)
+    assert software_fingerprint() is not software_fingerprint()  # a fresh dict each call
+
+
+def test_workers_and_clients_name_the_chip_alike() -> None:
+    """kernels.device builds names and fingerprints through tiletune.client.chip: equal by construction."""
+    assert cpu_chip().name == client_chip.cpu_chip_name() == client_chip.detect_chip("cpu")
+    assert get_device("auto").chip.name == client_chip.detect_chip("auto")  # torch is imported here
+    assert software_fingerprint() == client_chip.software_fingerprint()
+
+
+def test_a_torch_free_process_computes_the_same_chip_and_fingerprint() -> None:
+    """What a runtime client computes without torch equals what a worker registers with torch."""
+    code = (
+        "import json, sys; from tiletune.client import chip; "
+        "print(json.dumps({'cpu': chip.cpu_chip_name(), 'auto': chip.detect_chip(), "
+        "'software': chip.software_fingerprint(), 'torch': 'torch' in sys.modules}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    seen = json.loads(result.stdout)
+    assert seen["torch"] is False
+    assert seen["cpu"] == cpu_chip().name
+    assert seen["software"] == software_fingerprint()
+    if available_kinds() == ["cpu"]:
+        assert seen["auto"] == get_device("auto").chip.name

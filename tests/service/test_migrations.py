@@ -36,6 +36,8 @@ from tiletune.service.models import Base
 OUR_TABLES = set(Base.metadata.tables)
 FOREIGN_TABLES = {"studies", "alembic_version"}
 OPTUNA_VERSION = "v3.2.0.a"
+#: The newest revision.
+HEAD = "0002"
 WRITE_VERBS = ("CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE")
 
 
@@ -124,14 +126,14 @@ def test_config_needs_no_ini_file_and_finds_the_installed_scripts() -> None:
     folder = script_location()
     assert (folder / "env.py").is_file()
     assert (folder / "script.py.mako").is_file()
-    assert ScriptDirectory.from_config(config).get_heads() == ["0001"]
+    assert ScriptDirectory.from_config(config).get_heads() == [HEAD]
 
 
 def test_upgrade_from_empty_creates_every_table_and_our_version_table(database_url: str) -> None:
     assert current_revision(database_url) is None
     upgrade(database_url)
     assert table_names(database_url) == OUR_TABLES | {VERSION_TABLE}
-    assert current_revision(database_url) == "0001"
+    assert current_revision(database_url) == HEAD
 
 
 def test_upgrade_uses_the_models_constraint_names(database_url: str) -> None:
@@ -166,8 +168,19 @@ def test_downgrade_to_base_removes_our_tables_and_upgrade_works_again(database_u
     assert current_revision(database_url) is None
     upgrade(database_url)
     assert table_names(database_url) == OUR_TABLES | {VERSION_TABLE}
-    assert current_revision(database_url) == "0001"
+    assert current_revision(database_url) == HEAD
     assert drift(database_url) == []
+
+
+def test_misses_revision_goes_up_and_down_over_the_initial_schema(database_url: str) -> None:
+    upgrade(database_url, "0001")
+    assert table_names(database_url) == (OUR_TABLES - {"misses"}) | {VERSION_TABLE}
+    upgrade(database_url)
+    assert current_revision(database_url) == HEAD
+    assert drift(database_url) == []
+    downgrade(database_url, "0001")
+    assert current_revision(database_url) == "0001"
+    assert table_names(database_url) == (OUR_TABLES - {"misses"}) | {VERSION_TABLE}
 
 
 def test_upgrade_at_head_is_a_read_only_no_op(database_url: str) -> None:
@@ -176,7 +189,7 @@ def test_upgrade_at_head_is_a_read_only_no_op(database_url: str) -> None:
         upgrade(database_url)
     assert statements, "the version table is read"
     assert not [s for s in statements if s.lstrip().upper().startswith(WRITE_VERBS)]
-    assert current_revision(database_url) == "0001"
+    assert current_revision(database_url) == HEAD
     assert table_names(database_url) == OUR_TABLES | {VERSION_TABLE}
 
 
@@ -187,7 +200,7 @@ def test_tables_that_are_not_ours_are_ignored_and_untouched(database_url: str) -
 
     upgrade(database_url)
     assert table_names(database_url) == OUR_TABLES | FOREIGN_TABLES | {VERSION_TABLE}
-    assert current_revision(database_url) == "0001"
+    assert current_revision(database_url) == HEAD
     assert drift(database_url) == []
     assert foreign_rows(database_url) == before
 
@@ -204,6 +217,7 @@ def test_offline_mode_emits_the_schema_as_sql(database_url: str, capsys: pytest.
     for table in OUR_TABLES:
         assert f"CREATE TABLE {table} " in sql
     assert "INSERT INTO tiletune_alembic_version (version_num) VALUES ('0001')" in sql
+    assert f"UPDATE tiletune_alembic_version SET version_num='{HEAD}'" in sql
     assert table_names(database_url) == set(), "offline mode never touches the database"
 
 
@@ -217,5 +231,5 @@ def test_concurrent_upgrades_on_postgresql_serialize() -> None:
         ]
         outcomes = [(process.wait(timeout=120), process.communicate()[1]) for process in processes]
         assert outcomes == [(0, "")] * 3
-        assert current_revision(url) == "0001"
+        assert current_revision(url) == HEAD
         assert drift(url) == []

@@ -2,6 +2,8 @@
 
 Knobs: ``tile_size`` (elements per tile). The working set is one input and one
 output tile; the default is tiletune's hand-written rule mapped onto it.
+``shape_of`` reads ``n`` from the tensor, so the kernel can be launched with the
+config a tiletune client gives: ``tiletune.kernels.launcher("gelu", x, client=...)``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.spec import (
     Config,
     DeviceLimits,
@@ -40,6 +43,12 @@ class GeluSpec(KernelSpec):
         rule = heuristic_tiling(shape["n"], element_size(dtype), limits.local_memory_bytes)
         return {"tile_size": snap_down(rule.tile_elements, self.knob_values(shape)["tile_size"])}
 
+    def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
+        """``n``: the elements of ``x`` (any number of dims; ``run`` works on it flattened)."""
+        if len(inputs) != 1:
+            raise ShapeError("inputs", f"gelu takes one tensor (x), got {len(inputs)}")
+        return {"n": inputs[0].numel()}
+
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0
     ) -> tuple[torch.Tensor, ...]:
@@ -53,12 +62,12 @@ class GeluSpec(KernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        (x,) = inputs
+        x = inputs[0].reshape(-1)
         out = torch.empty_like(x)
         tile = config["tile_size"]
         for start in range(0, shape["n"], tile):
             out[start : start + tile] = torch.nn.functional.gelu(x[start : start + tile], approximate="tanh")
-        return out
+        return out.view(inputs[0].shape)
 
     def flops(self, shape: Shape) -> float:
         return 8.0 * shape["n"]

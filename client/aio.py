@@ -1,0 +1,210 @@
+"""``AsyncConfigClient``: :class:`~tiletune.client.sync.ConfigClient` for asyncio code, same method names.
+
+``await client.get(...)`` answers from memory without touching the event
+loop's I/O once a key is known; misses are reported by a background task of
+the running loop; ``await client.close()`` reports the last ones. The rules
+are the sync client's (:mod:`tiletune.client.core`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from tiletune.client.core import JSON, ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.disk import read_bundle, write_bundle
+from tiletune.client.wire import ConfigBundle, LookupPublic
+
+log = logging.getLogger("tiletune.client")
+
+
+class AsyncConfigClient:
+    """Configs from the server at ``url`` (``None``: caches and defaults only) for ``chip``."""
+
+    def __init__(
+        self,
+        url: str | None,
+        chip: str = "auto",
+        *,
+        token: str | None = None,
+        settings: ClientSettings | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.core = ClientCore(chip, settings or ClientSettings())
+        self.url = url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        timeout = httpx.Timeout(self.core.settings.timeout_s)
+        self._http = (
+            httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, transport=transport)
+            if url
+            else None
+        )
+        self._tasks: list[asyncio.Task[None]] = []
+        self._reporting = False
+        self._closed = False
+
+    @property
+    def chip(self) -> str:
+        """The chip configs are asked for."""
+        return self.core.chip
+
+    async def get(self, kernel: str, shape: Mapping[str, int], dtype: str = "float32") -> Tiling:
+        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip. Never raises."""
+        key: MemoKey = (kernel, dtype, tuple(shape.items()))
+        found = self.core.memo.get(key)
+        if found is not None:
+            return found
+        return await self._decide(kernel, shape, dtype, key)
+
+    async def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str, key: MemoKey) -> Tiling:
+        core = self.core
+        try:
+            tiling, final = await self._resolve(kernel, shape, dtype)
+        except Exception as error:  # the caller's launch must go on
+            log.warning("tiletune client: falling back to the default for %s: %s", kernel, error)
+            tiling, final = core.default(kernel, shape, dtype), False
+        core.note_miss(tiling, shape, dtype)
+        self._start_reporter()
+        return core.remember(key, tiling, final)
+
+    async def _resolve(self, kernel: str, shape: Mapping[str, int], dtype: str) -> tuple[Tiling, bool]:
+        core = self.core
+        known = core.exact_known(kernel, shape, dtype)
+        if known is not None:
+            return known, True
+        if self._http is not None and core.server_usable():
+            answer = await self._ask_server(kernel, shape, dtype)
+            if answer is not None:
+                tiling = core.from_server(answer)
+                if tiling is not None:
+                    return tiling, tiling.match == "exact"
+        core.load_disk()
+        local = core.from_known(kernel, shape, dtype, "disk")
+        tiling = local if local is not None else core.default(kernel, shape, dtype)
+        return tiling, tiling.match == "exact" or core.prefetched or self._http is None
+
+    async def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | None:
+        assert self._http is not None
+        params = {
+            "shape": ",".join(f"{k}={v}" for k, v in shape.items()),
+            "dtype": dtype,
+            "chip": self.core.chip,
+            "match": "nearest",
+        }
+        try:
+            response = await self._http.get(f"/v1/configs/{kernel}", params=params)
+        except httpx.HTTPError as error:
+            self.core.server_down(error)
+            return None
+        if response.status_code >= 500:
+            self.core.server_down(RuntimeError(f"HTTP {response.status_code}"))
+            return None
+        self.core.server_up()
+        return LookupPublic.model_validate_json(response.content) if response.status_code == 200 else None
+
+    async def prefetch(self, kernel: str | None = None) -> int:
+        """Fill the cache with every config of this chip (or one kernel) in one request (as the sync one)."""
+        if self._http is None:
+            self.core.load_disk()
+            return 0
+        params = {"chip": self.core.chip, **({"kernel": kernel} if kernel else {})}
+        try:
+            response = await self._http.get(
+                "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            self.core.server_down(error)
+            self.core.load_disk()
+            return 0
+        bundle = ConfigBundle.model_validate_json(response.content)
+        with self.core.lock:
+            self.core.load_disk()
+            self.core.known.add_bundle(bundle)
+            self.core.forget_answers()
+        self.core.prefetched = True
+        if self.core.disk is not None:
+            await asyncio.to_thread(self.core.disk.save, bundle)
+        self._start_refresher()
+        return len(bundle.configs)
+
+    async def export_bundle(self, path: Path) -> int:
+        """Write every config known here to ``path``; how many."""
+        self.core.load_disk()
+        bundle = self.core.known.bundle()
+        await asyncio.to_thread(write_bundle, path, bundle)
+        return len(bundle.configs)
+
+    async def import_bundle(self, path: Path) -> int:
+        """Take the configs of a bundle file (and keep them in the disk cache); how many were new."""
+        bundle = await asyncio.to_thread(read_bundle, path)
+        with self.core.lock:
+            self.core.load_disk()
+            changed = self.core.known.add_bundle(bundle)
+            self.core.forget_answers()
+        if self.core.disk is not None:
+            await asyncio.to_thread(self.core.disk.save, bundle)
+        return changed
+
+    async def flush_misses(self) -> bool:
+        """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
+        misses = self.core.take_misses()
+        if misses is None or self._http is None:
+            return misses is None
+        try:
+            response = await self._http.post(
+                "/v1/misses", content=misses.model_dump_json(), headers=JSON, timeout=5.0
+            )
+        except httpx.HTTPError as error:
+            response = None
+            log.info("tiletune client: miss report failed (%s); kept for the next one", error)
+        return self.core.reported(misses, response.status_code if response is not None else None)
+
+    def _start_reporter(self) -> None:
+        if self._reporting or self._http is None or self._closed:
+            return
+        self._reporting = True
+        self._tasks.append(
+            asyncio.get_running_loop().create_task(self._every(self.core.settings.miss_flush_s))
+        )
+
+    def _start_refresher(self) -> None:
+        refresh_s = self.core.settings.refresh_s
+        if refresh_s and not self._closed and not any(t.get_name() == "refresh" for t in self._tasks):
+            self._tasks.append(
+                asyncio.get_running_loop().create_task(self._every(refresh_s, True), name="refresh")
+            )
+
+    async def _every(self, period_s: float, refresh: bool = False) -> None:
+        while True:
+            await asyncio.sleep(period_s)
+            if refresh:
+                await self.prefetch()
+            else:
+                self.core.expire()
+                await self.flush_misses()
+
+    async def close(self) -> None:
+        """Stop the background tasks, report the last misses, close the connection."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.flush_misses()
+        if self._http is not None:
+            await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncConfigClient:
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        await self.close()

@@ -1,0 +1,308 @@
+"""What the sync and async clients share: the answer type, the caches, the fallbacks, the back-off.
+
+No network I/O here (the clients do it); the rules:
+
+- An answer (:class:`Tiling`) is remembered in memory by (kernel, dtype,
+  shape items). Exact answers, and every answer after a prefetch (the
+  prefetch decides; a refresh replaces it), are kept until the next
+  prefetch or import. Nearest and default answers otherwise are kept for
+  ``recheck_s`` (the key may get tuned: demand-driven tuning) and at least
+  until the server's back-off ends, then decided again: they sit in the same
+  memory (a launch pays nothing more for them) and the client's background
+  thread drops them when due (:meth:`ClientCore.expire`).
+- Order of a decision: what is known in memory (exact) → the server (unless
+  prefetched or backing off) → what is known from the disk cache (exact, then
+  nearest) → nearest among everything known → the kernel's default.
+- An entry tuned with another kernel version is never used; one tuned with
+  other software is used and marked ``stale`` with the differences.
+- Nearest and default answers are counted as misses, reported later in
+  batches by the client, off the launch path.
+- The server is backed off after a failure: ``backoff_s``, doubling up to
+  ``max_backoff_s``; one success resets it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+from tiletune.client.chip import detect_chip, software_fingerprint
+from tiletune.client.disk import DiskCache, default_cache_dir
+from tiletune.client.known import KnownConfigs
+from tiletune.client.wire import BestConfigPublic, LookupPublic, MissesCreate, MissReport
+
+log = logging.getLogger("tiletune.client")
+
+Match = Literal["exact", "nearest", "default"]
+MissMatch = Literal["nearest", "default"]
+MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
+
+#: Headers of a JSON request body.
+JSON = {"Content-Type": "application/json"}
+
+#: Keys with misses kept between reports at most (the oldest are dropped beyond).
+MAX_PENDING_MISSES = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Tiling:
+    """The config to launch with and how it was found.
+
+    ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
+    nearest shape), ``default`` (the kernel's built-in rule). ``best`` is the
+    tuned entry's provenance (job, trial, software, times); ``stale`` says why
+    the entry's software differs from this process's, if it does; ``source``:
+    ``server``, ``memory`` (known from a prefetch or an import), ``disk`` or
+    ``default``.
+    """
+
+    kernel: str
+    config: Mapping[str, int]
+    match: Match
+    source: str
+    best: BestConfigPublic | None = None
+    stale: str | None = None
+
+
+@dataclass
+class ClientSettings:
+    """Timeouts and back-off of the server, caching and miss reporting.
+
+    ``timeout_s`` bounds one request on the launch path (connect included);
+    ``prefetch_timeout_s`` the bulk request. ``cache_dir`` ``None`` turns the
+    disk cache off. ``kernel_versions`` pins the versions this process runs
+    (default: from ``tiletune.kernels`` when it is installed, else the server's).
+    """
+
+    timeout_s: float = 0.25
+    prefetch_timeout_s: float = 30.0
+    backoff_s: float = 1.0
+    max_backoff_s: float = 60.0
+    cache_dir: Path | None = field(default_factory=default_cache_dir)
+    miss_flush_s: float = 5.0
+    recheck_s: float = 60.0
+    refresh_s: float | None = None
+    kernel_versions: Mapping[str, int] | None = None
+
+
+class ClientCore:
+    """State and decisions shared by :class:`ConfigClient` and :class:`AsyncConfigClient`."""
+
+    def __init__(
+        self, chip: str, settings: ClientSettings, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.chip = detect_chip() if chip == "auto" else chip
+        self.settings = settings
+        self.clock = clock
+        self.known = KnownConfigs(self.chip)
+        self.disk = DiskCache(settings.cache_dir, self.chip) if settings.cache_dir is not None else None
+        self.software = software_fingerprint()
+        self.memo: dict[MemoKey, Tiling] = {}
+        self.provisional: dict[MemoKey, float] = {}
+        self.prefetched = False
+        self.lock = threading.Lock()
+        self._disk_loaded = False
+        self._down_until = 0.0
+        self._backoff_s = settings.backoff_s
+        self._misses: Counter[tuple[str, tuple[tuple[str, int], ...], str, MissMatch]] = Counter()
+
+    # -- memory --------------------------------------------------------------------------------
+
+    @staticmethod
+    def key(kernel: str, shape: Mapping[str, int], dtype: str) -> MemoKey:
+        """The in-memory key of a call (the shape's items in the caller's order)."""
+        return (kernel, dtype, tuple(shape.items()))
+
+    def remember(self, key: MemoKey, tiling: Tiling, final: bool) -> Tiling:
+        """Keep ``tiling`` for ``key``: for good, or (``final`` False) for ``recheck_s`` and the back-off."""
+        self.memo[key] = tiling
+        if final:
+            self.provisional.pop(key, None)
+        else:
+            self.provisional[key] = max(self._down_until, self.clock() + self.settings.recheck_s)
+        return tiling
+
+    def expire(self) -> int:
+        """Drop the provisional answers that are due (they are decided again at their next launch)."""
+        now = self.clock()
+        due = [key for key, until in list(self.provisional.items()) if until <= now]
+        for key in due:
+            self.provisional.pop(key, None)
+            self.memo.pop(key, None)
+        return len(due)
+
+    def forget_answers(self) -> None:
+        """Drop remembered answers (new entries arrived)."""
+        self.memo.clear()
+        self.provisional.clear()
+
+    # -- server health -------------------------------------------------------------------------
+
+    def server_usable(self) -> bool:
+        """True unless prefetched (no HTTP on launches) or backing off after a failure."""
+        return not self.prefetched and self.clock() >= self._down_until
+
+    def server_down(self, error: Exception) -> None:
+        """Back off after a failed request."""
+        log.warning("tiletune server unreachable (%s); retrying in %.1f s", error, self._backoff_s)
+        self._down_until = self.clock() + self._backoff_s
+        self._backoff_s = min(self._backoff_s * 2, self.settings.max_backoff_s)
+
+    def server_up(self) -> None:
+        """A request succeeded: no back-off."""
+        self._backoff_s = self.settings.backoff_s
+        self._down_until = 0.0
+
+    # -- deciding ------------------------------------------------------------------------------
+
+    def version(self, kernel: str) -> int | None:
+        """The kernel version this process runs (pinned, installed, or the server's)."""
+        pinned = self.settings.kernel_versions
+        if pinned is not None and kernel in pinned:
+            return pinned[kernel]
+        installed = _installed_version(kernel)
+        if installed is not None:
+            return installed
+        info = self.known.kernels.get(kernel)
+        return info.version if info is not None else None
+
+    def load_disk(self) -> None:
+        """Read the disk cache once (on the first decision that needs it)."""
+        if self._disk_loaded or self.disk is None:
+            return
+        self._disk_loaded = True
+        self.known.add_bundle(self.disk.load())
+
+    def from_known(self, kernel: str, shape: Mapping[str, int], dtype: str, source: str) -> Tiling | None:
+        """An exact, else nearest, answer from the entries known in memory."""
+        version = self.version(kernel)
+        if version is None:
+            return None
+        entry = self.known.exact(kernel, version, shape, dtype)
+        if entry is not None:
+            return self.tiling(entry, "exact", source)
+        near = self.known.nearest(kernel, version, shape, dtype)
+        return self.tiling(near[1], "nearest", source) if near is not None else None
+
+    def exact_known(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling | None:
+        """An exact answer from the entries known in memory."""
+        version = self.version(kernel)
+        entry = self.known.exact(kernel, version, shape, dtype) if version is not None else None
+        return self.tiling(entry, "exact", "memory") if entry is not None else None
+
+    def from_server(self, answer: LookupPublic) -> Tiling | None:
+        """The server's answer, unless it was tuned with another kernel version than ours."""
+        if answer.match == "default" or answer.best is None:
+            return None
+        version = self.version(answer.kernel)
+        if version is not None and answer.best.kernel_version != version:
+            return None
+        self.known.add([answer.best])
+        return self.tiling(answer.best, answer.match, "server", config=answer.config)
+
+    def default(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
+        """The kernel's built-in rule for this chip (``{}`` when the kernel's code is not installed)."""
+        return Tiling(
+            kernel, MappingProxyType(_default_config(kernel, shape, dtype, self.chip)), "default", "default"
+        )
+
+    def tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
+        """An answer from an entry, marked stale when its software differs from ours."""
+        chosen = dict(config if config is not None else entry.config)
+        return Tiling(entry.kernel, MappingProxyType(chosen), match, source, entry, self._stale(entry))
+
+    def _stale(self, entry: BestConfigPublic) -> str | None:
+        if not entry.software:
+            return None
+        differences = [
+            f"{name} {entry.software.get(name)} (here {self.software.get(name)})"
+            for name in sorted(set(entry.software) | set(self.software))
+            if entry.software.get(name) != self.software.get(name)
+        ]
+        return "tuned with " + ", ".join(differences) if differences else None
+
+    # -- misses --------------------------------------------------------------------------------
+
+    def note_miss(self, tiling: Tiling, shape: Mapping[str, int], dtype: str) -> None:
+        """Count a nearest or default answer for the next report."""
+        if tiling.match == "exact":
+            return
+        with self.lock:
+            if len(self._misses) >= MAX_PENDING_MISSES:
+                self._misses.pop(next(iter(self._misses)))
+            match: MissMatch = "nearest" if tiling.match == "nearest" else "default"
+            self._misses[(tiling.kernel, tuple(shape.items()), dtype, match)] += 1
+
+    def take_misses(self) -> MissesCreate | None:
+        """The misses counted since the last report (and forget them), or ``None``."""
+        with self.lock:
+            if not self._misses:
+                return None
+            pending, self._misses = self._misses, Counter()
+        reports = [
+            MissReport(
+                kernel=kernel, shape=dict(shape), dtype=dtype, chip=self.chip, match=match, count=count
+            )
+            for (kernel, shape, dtype, match), count in pending.items()
+        ]
+        return MissesCreate(misses=reports)
+
+    def reported(self, misses: MissesCreate, status: int | None) -> bool:
+        """Account for a report's answer (``None``: no answer): ``True`` when the server took it.
+
+        A failure worth retrying (no answer, 5xx, 408, 429) keeps the misses for
+        the next report; a refusal (another 4xx) drops them, logged: sending the
+        same batch again would be refused again.
+        """
+        if status is not None and 200 <= status < 300:
+            return True
+        if status is not None and status < 500 and status not in (408, 429):
+            log.warning(
+                "tiletune server refused a miss report (HTTP %d); %d keys dropped", status, len(misses.misses)
+            )
+            return False
+        self.give_back(misses)
+        return False
+
+    def give_back(self, misses: MissesCreate) -> None:
+        """A report failed: count its misses again for the next one."""
+        with self.lock:
+            for miss in misses.misses:
+                key = (miss.kernel, tuple(miss.shape.items()), miss.dtype, miss.match)
+                self._misses[key] += miss.count
+
+
+def _installed_version(kernel: str) -> int | None:
+    """The version of ``kernel`` in this process's tiletune.kernels, if that is already imported."""
+    import sys
+
+    registry = sys.modules.get("tiletune.kernels")
+    if registry is None:
+        return None
+    try:
+        version: int = registry.get_kernel(kernel).version
+    except Exception:
+        return None
+    return version
+
+
+def _default_config(kernel: str, shape: Mapping[str, int], dtype: str, chip: str) -> dict[str, int]:
+    """The kernel's default config from its installed code; ``{}`` when that is impossible."""
+    try:
+        from tiletune.kernels import get_kernel
+        from tiletune.kernels.device import get_device
+
+        spec = get_kernel(kernel)
+        parsed = spec.parse_shape(dict(shape))
+        limits = get_device(chip.split("/", 1)[0]).chip.limits
+        return dict(spec.default_config(parsed, dtype, limits))
+    except Exception as error:  # never break the caller: no kernels installed, unknown kernel, ...
+        log.warning("no default config for %s %s: %s", kernel, dict(shape), error)
+        return {}

@@ -1,0 +1,95 @@
+"""The best configs a client knows for one chip, and how it picks among them.
+
+Pure logic, no I/O: filled from the server's bulk export, single lookups, the
+on-disk cache or an imported bundle. Contract:
+
+- an entry is keyed by (kernel, kernel version, canonical shape, dtype); a
+  newer promotion of a key replaces an older one (``promoted_at``);
+- ``exact`` answers only entries of the caller's kernel version: an entry
+  tuned with another version of the kernel is never used;
+- ``nearest`` answers the entry of the closest shape of the same kernel
+  version and dtype that agrees on every categorical dim (distance:
+  :func:`tiletune.client.nearest.shape_distance`); it needs the kernel's
+  :class:`~tiletune.client.wire.KernelInfo` (dims, categorical dims);
+- shapes are canonicalised in the kernel's dim order when its info is known,
+  as the server does; without it, in the caller's order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from tiletune.client.nearest import nearest
+from tiletune.client.wire import BestConfigPublic, ConfigBundle, KernelInfo
+
+EntryKey = tuple[str, int, str, str]
+
+
+def canonical_shape(shape: Mapping[str, int], info: KernelInfo | None) -> str:
+    """``dim=value,...`` in the kernel's dim order when known (the server's shape key), else as given."""
+    if info is not None and set(info.dims) == shape.keys():
+        return ",".join(f"{dim}={shape[dim]}" for dim in info.dims)
+    return ",".join(f"{dim}={value}" for dim, value in shape.items())
+
+
+class KnownConfigs:
+    """Best configs of one chip by key, with the kernels' info; see the module docstring."""
+
+    def __init__(self, chip: str) -> None:
+        self.chip = chip
+        self.kernels: dict[str, KernelInfo] = {}
+        self._entries: dict[EntryKey, BestConfigPublic] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def entries(self) -> list[BestConfigPublic]:
+        """Every entry, sorted by kernel and shape."""
+        return sorted(
+            self._entries.values(), key=lambda e: (e.kernel, e.kernel_version, e.shape_key, e.dtype)
+        )
+
+    def add(self, entries: Iterable[BestConfigPublic], kernels: Iterable[KernelInfo] = ()) -> int:
+        """Take entries of this chip (newer promotions win) and kernel infos; how many entries changed."""
+        for info in kernels:
+            self.kernels[info.name] = info
+        changed = 0
+        for entry in entries:
+            if entry.chip != self.chip:
+                continue
+            key = (entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype)
+            known = self._entries.get(key)
+            if known is None or known.promoted_at < entry.promoted_at:
+                self._entries[key] = entry
+                changed += 1
+        return changed
+
+    def add_bundle(self, bundle: ConfigBundle) -> int:
+        """Take a bundle's entries and kernel infos."""
+        return self.add(bundle.configs, bundle.kernels)
+
+    def bundle(self) -> ConfigBundle:
+        """Everything known, as a bundle (for the disk cache and export)."""
+        return ConfigBundle(chip=self.chip, kernels=list(self.kernels.values()), configs=self.entries())
+
+    def exact(
+        self, kernel: str, version: int, shape: Mapping[str, int], dtype: str
+    ) -> BestConfigPublic | None:
+        """The entry tuned for exactly this key with this kernel version."""
+        key = (kernel, version, canonical_shape(shape, self.kernels.get(kernel)), dtype)
+        return self._entries.get(key)
+
+    def nearest(
+        self, kernel: str, version: int, shape: Mapping[str, int], dtype: str
+    ) -> tuple[float, BestConfigPublic] | None:
+        """The entry of the nearest comparable shape (needs the kernel's info), with its distance."""
+        info = self.kernels.get(kernel)
+        if info is None:
+            return None
+        candidates = (
+            (entry.shape, entry.shape_key, entry)
+            for (k, v, _, d), entry in self._entries.items()
+            if k == kernel and v == version and d == dtype
+        )
+        found = nearest(shape, candidates, info.categorical, k=1)
+        return found[0] if found else None

@@ -1,0 +1,230 @@
+"""``ConfigClient``: the tiling for a kernel launch, from a tiletune server, never failing the caller.
+
+::
+
+    tiling = ConfigClient("http://tuner:8642")            # chip="auto": this node's chip
+    tiling.prefetch()                                      # optional: one bulk request, then no HTTP
+    cfg = tiling.get("fused_attention", shape, "float16")  # cfg.config, cfg.match, cfg.best
+
+``get`` never raises and is a dict lookup once a key has been answered
+(:mod:`tiletune.client.core` has the rules). Misses are reported by a
+background thread; ``close()`` (or a ``with`` block) reports the last ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from tiletune.client.core import JSON, ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.disk import read_bundle, write_bundle
+from tiletune.client.wire import ConfigBundle, LookupPublic
+
+log = logging.getLogger("tiletune.client")
+
+
+class ConfigClient:
+    """Configs from the server at ``url`` (``None``: caches and defaults only) for ``chip``.
+
+    ``transport`` is httpx's seam (tests pass the app's ASGI/WSGI transport).
+    """
+
+    def __init__(
+        self,
+        url: str | None,
+        chip: str = "auto",
+        *,
+        token: str | None = None,
+        settings: ClientSettings | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.core = ClientCore(chip, settings or ClientSettings())
+        self.url = url
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        timeout = httpx.Timeout(self.core.settings.timeout_s)
+        self._http = (
+            httpx.Client(base_url=url, headers=headers, timeout=timeout, transport=transport) if url else None
+        )
+        self._stop = threading.Event()
+        self._reporter: threading.Thread | None = None
+        self._refresher: threading.Thread | None = None
+
+    @property
+    def chip(self) -> str:
+        """The chip configs are asked for."""
+        return self.core.chip
+
+    # -- the launch path -----------------------------------------------------------------------
+
+    def get(self, kernel: str, shape: Mapping[str, int], dtype: str = "float32") -> Tiling:
+        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip. Never raises."""
+        key: MemoKey = (kernel, dtype, tuple(shape.items()))
+        found = self.core.memo.get(key)
+        if found is not None:
+            return found
+        return self._decide(kernel, shape, dtype, key)
+
+    def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str, key: MemoKey) -> Tiling:
+        core = self.core
+        try:
+            tiling, final = self._resolve(kernel, shape, dtype)
+        except Exception as error:  # the caller's launch must go on
+            log.warning("tiletune client: falling back to the default for %s: %s", kernel, error)
+            tiling, final = core.default(kernel, shape, dtype), False
+        core.note_miss(tiling, shape, dtype)
+        self._start_reporter()
+        return core.remember(key, tiling, final)
+
+    def _resolve(self, kernel: str, shape: Mapping[str, int], dtype: str) -> tuple[Tiling, bool]:
+        core = self.core
+        known = core.exact_known(kernel, shape, dtype)
+        if known is not None:
+            return known, True
+        if self._http is not None and core.server_usable():
+            answer = self._ask_server(kernel, shape, dtype)
+            if isinstance(answer, LookupPublic):
+                tiling = core.from_server(answer)
+                if tiling is not None:
+                    return tiling, tiling.match == "exact"
+        core.load_disk()
+        local = core.from_known(kernel, shape, dtype, "disk")
+        tiling = local if local is not None else core.default(kernel, shape, dtype)
+        return tiling, tiling.match == "exact" or core.prefetched or self._http is None
+
+    def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | bool | None:
+        """The server's lookup; ``None`` when it has nothing; ``False`` when it could not be asked."""
+        assert self._http is not None
+        params = {
+            "shape": ",".join(f"{k}={v}" for k, v in shape.items()),
+            "dtype": dtype,
+            "chip": self.core.chip,
+            "match": "nearest",
+        }
+        try:
+            response = self._http.get(f"/v1/configs/{kernel}", params=params)
+        except httpx.HTTPError as error:
+            self.core.server_down(error)
+            return False
+        if response.status_code >= 500:
+            self.core.server_down(RuntimeError(f"HTTP {response.status_code}"))
+            return False
+        self.core.server_up()
+        if response.status_code != 200:
+            return None
+        return LookupPublic.model_validate_json(response.content)
+
+    # -- bulk ----------------------------------------------------------------------------------
+
+    def prefetch(self, kernel: str | None = None) -> int:
+        """Fill the cache with every config of this chip (or one kernel) in one request.
+
+        Afterwards launches make no HTTP call. Returns how many configs arrived;
+        0 (logged) when the server cannot be reached: the disk cache serves then.
+        With ``settings.refresh_s``, a background thread prefetches again that often.
+        """
+        if self._http is None:
+            self.core.load_disk()
+            return 0
+        params = {"chip": self.core.chip, **({"kernel": kernel} if kernel else {})}
+        try:
+            response = self._http.get(
+                "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as error:
+            self.core.server_down(error)
+            self.core.load_disk()
+            return 0
+        bundle = ConfigBundle.model_validate_json(response.content)
+        self._take(bundle)
+        self.core.prefetched = True
+        if self.core.disk is not None:
+            self.core.disk.save(bundle)
+        self._start_refresher()
+        return len(bundle.configs)
+
+    def _take(self, bundle: ConfigBundle) -> None:
+        with self.core.lock:
+            self.core.load_disk()
+            self.core.known.add_bundle(bundle)
+            self.core.forget_answers()
+
+    def export_bundle(self, path: Path) -> int:
+        """Write every config known here to ``path`` (for air-gapped clusters); how many."""
+        self.core.load_disk()
+        bundle = self.core.known.bundle()
+        write_bundle(path, bundle)
+        return len(bundle.configs)
+
+    def import_bundle(self, path: Path) -> int:
+        """Take the configs of a bundle file (and keep them in the disk cache); how many were new."""
+        bundle = read_bundle(path)
+        with self.core.lock:
+            self.core.load_disk()
+            changed = self.core.known.add_bundle(bundle)
+            self.core.forget_answers()
+        if self.core.disk is not None:
+            self.core.disk.save(bundle)
+        return changed
+
+    # -- misses and refresh, off the launch path -----------------------------------------------
+
+    def flush_misses(self) -> bool:
+        """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
+        misses = self.core.take_misses()
+        if misses is None or self._http is None:
+            return misses is None
+        try:
+            response = self._http.post(
+                "/v1/misses", content=misses.model_dump_json(), headers=JSON, timeout=5.0
+            )
+        except httpx.HTTPError as error:
+            response = None
+            log.info("tiletune client: miss report failed (%s); kept for the next one", error)
+        return self.core.reported(misses, response.status_code if response is not None else None)
+
+    def _start_reporter(self) -> None:
+        if self._reporter is None and self._http is not None and not self._stop.is_set():
+            self._reporter = threading.Thread(target=self._report_loop, name="tiletune-misses", daemon=True)
+            self._reporter.start()
+
+    def _report_loop(self) -> None:
+        while not self._stop.wait(self.core.settings.miss_flush_s):
+            self.core.expire()
+            self.flush_misses()
+
+    def _start_refresher(self) -> None:
+        if self._refresher is None and self.core.settings.refresh_s and not self._stop.is_set():
+            self._refresher = threading.Thread(
+                target=self._refresh_loop, name="tiletune-refresh", daemon=True
+            )
+            self._refresher.start()
+
+    def _refresh_loop(self) -> None:
+        refresh_s = self.core.settings.refresh_s
+        assert refresh_s is not None
+        while not self._stop.wait(refresh_s):
+            self.prefetch()
+
+    def close(self) -> None:
+        """Stop the background threads, report the last misses, close the connection."""
+        self._stop.set()
+        for thread in (self._reporter, self._refresher):
+            if thread is not None:
+                thread.join(timeout=10)
+        self.flush_misses()
+        if self._http is not None:
+            self._http.close()
+
+    def __enter__(self) -> ConfigClient:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""Launch a kernel with the config tuned for this call: the runtime half of tiletune in a kernel.
+
+::
+
+    from tiletune.client import ConfigClient
+    from tiletune.kernels import launch
+
+    tiling = ConfigClient("http://tuner:8642", chip="auto")
+    out = launch("fused_attention", q, k, v, client=tiling, causal=True)
+
+One call does what a hand-written launcher did with its tiling heuristic:
+
+1. the shape is read from the tensors (:meth:`KernelSpec.shape_of`); dims the
+   tensors cannot tell (categorical ones such as ``causal``) are given by
+   keyword, and a keyword for a size dim must agree with the tensors;
+2. the dtype is the tensors' (``dtype=`` names it when they mix dtypes);
+3. the config is asked of ``client`` (any :class:`ConfigSource`: the
+   ``ConfigClient`` of :mod:`tiletune.client`, or a test's stand-in);
+4. the config is checked against the kernel's space and the constraints of
+   the chip the tensors live on; when it is missing, malformed or invalid, or
+   the client raised, the kernel's default config is used instead (logged once
+   per call key): a config never fails the caller;
+5. the kernel runs under it (``spec.run``).
+
+Bad *inputs* (tensors that do not fit the kernel, an unknown dim, an
+unsupported dtype) still raise :class:`~tiletune.kernels.errors.InputError`
+naming the field: they are the caller's bug, not a tuning matter.
+
+:func:`select_config` is steps 1-4 alone, for callers that run their own
+implementation; :func:`tiled` wraps such an implementation as a decorator.
+
+Imports no client internals: a client is anything with a matching ``get``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
+
+import torch
+
+from tiletune.kernels.device import get_device
+from tiletune.kernels.errors import InputError, ShapeError
+from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape, dtype_name, torch_dtype
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: Distinct (kernel, shape, dtype, chip limits, config) checks remembered; a launch path sees few.
+CHECK_CACHE_SIZE = 4096
+
+
+class TunedConfig(Protocol):
+    """What a :class:`ConfigSource` returns: at least the config (knob name -> value)."""
+
+    @property
+    def config(self) -> Mapping[str, int]:
+        """The config to launch with."""
+
+
+class ConfigSource(Protocol):
+    """Where :func:`launch` gets configs: ``tiletune.client.ConfigClient`` is one.
+
+    ``get`` is called as ``get(kernel_name, shape, dtype=dtype_name)`` on every
+    launch (the client answers from its in-process cache).
+    """
+
+    def get(self, kernel: str, shape: Mapping[str, int], /, *, dtype: str) -> TunedConfig:
+        """The config for ``kernel`` at ``shape`` and ``dtype`` on the client's chip."""
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The config :func:`select_config` chose for one call, and why.
+
+    ``source`` is ``"client"`` when the client's config was valid and used,
+    ``"default"`` when the kernel's default replaced it (``reason`` says why).
+    """
+
+    spec: KernelSpec
+    shape: Shape
+    dtype: str
+    config: Config
+    source: Literal["client", "default"]
+    reason: str | None = None
+
+
+def _spec(kernel: str | KernelSpec) -> KernelSpec:
+    return kernel if isinstance(kernel, KernelSpec) else get_kernel(kernel)
+
+
+def _call_shape(spec: KernelSpec, tensors: tuple[torch.Tensor, ...], dims: Mapping[str, object]) -> Shape:
+    """The tensors' shape, completed by keyword dims; a size dim given by keyword must agree."""
+    read = spec.shape_of(tensors)
+    categorical = {d.name for d in spec.dims if d.categorical}
+    given = {name: int(value) if isinstance(value, bool) else value for name, value in dims.items()}
+    for name, value in given.items():
+        if name in read and name not in categorical and value != read[name]:
+            raise ShapeError(f"shape.{name}", f"the tensors say {read[name]}, the keyword says {value!r}")
+    return spec.parse_shape({**read, **given})
+
+
+def _call_dtype(tensors: tuple[torch.Tensor, ...], dtype: str | None) -> str:
+    if dtype is not None:
+        torch_dtype(dtype)  # an unknown name is a DTypeError naming the choices
+        return dtype
+    names = sorted({dtype_name(t.dtype) for t in tensors})
+    if len(names) > 1:
+        raise InputError("dtype", f"the tensors mix {', '.join(names)}; pass dtype= to name the call's dtype")
+    return names[0]
+
+
+@functools.cache
+def _limits(device_kind: str) -> DeviceLimits:
+    """The constraints' limits of the chip of a device kind (device 0 of that kind)."""
+    return get_device(device_kind).chip.limits
+
+
+def _device_kind(tensors: tuple[torch.Tensor, ...]) -> str:
+    kinds = sorted({t.device.type for t in tensors})
+    if len(kinds) > 1:
+        raise InputError("inputs", f"the tensors are on different devices: {', '.join(kinds)}")
+    return kinds[0]
+
+
+ConfigItems = tuple[tuple[str, object], ...]
+_CheckKey = tuple[type, str, int, tuple[tuple[str, int], ...], str, DeviceLimits, ConfigItems]
+_checks: dict[_CheckKey, tuple[Config, str | None]] = {}
+
+
+def _check(spec: KernelSpec, shape: Shape, dtype: str, limits: DeviceLimits, raw: ConfigItems) -> str | None:
+    """Why the client's config may not run here, or None when it may."""
+    try:
+        config = spec.parse_config(dict(raw), shape)
+    except InputError as error:
+        return str(error)
+    return spec.invalid_reason(config, shape, dtype, limits)
+
+
+def _checked(
+    spec: KernelSpec, shape: Shape, dtype: str, limits: DeviceLimits, raw: ConfigItems
+) -> tuple[Config, str | None]:
+    """The config to run and, when it is the default, why the client's was refused.
+
+    Remembered per (kernel, shape, dtype, chip limits, config), so a launch pays
+    for the checks once per key and a refusal is logged once.
+    """
+    key = (type(spec), spec.name, spec.version, tuple(shape.items()), dtype, limits, raw)
+    known = _checks.get(key)
+    if known is not None:
+        return known
+    reason = _check(spec, shape, dtype, limits, raw)
+    if reason is None:
+        result: tuple[Config, str | None] = (spec.parse_config(dict(raw), shape), None)
+    else:
+        logger.warning(
+            "%s %s %s: config %s refused (%s); using the default",
+            spec.name,
+            spec.canonical_shape(shape),
+            dtype,
+            dict(raw),
+            reason,
+        )
+        result = (spec.default_config(shape, dtype, limits), reason)
+    if len(_checks) >= CHECK_CACHE_SIZE:
+        _checks.clear()
+    _checks[key] = result
+    return result
+
+
+def _asked(client: ConfigSource, spec: KernelSpec, shape: Shape, dtype: str) -> ConfigItems:
+    """The client's config as hashable items; raises whatever the client or its answer raises."""
+    answer = client.get(spec.name, shape, dtype=dtype)
+    items = tuple(answer.config.items())
+    hash(items)
+    return items
+
+
+def select_config(
+    kernel: str | KernelSpec,
+    /,
+    *tensors: torch.Tensor,
+    client: ConfigSource,
+    dtype: str | None = None,
+    **dims: int | bool,
+) -> Selection:
+    """Steps 1-4 of :func:`launch`: the shape, dtype and checked config of a call, without running it."""
+    spec = _spec(kernel)
+    if not tensors:
+        raise InputError("inputs", f"{spec.name} needs its input tensors")
+    shape = _call_shape(spec, tensors, dims)
+    call_dtype = _call_dtype(tensors, dtype)
+    limits = _limits(_device_kind(tensors))
+    try:
+        asked = _asked(client, spec, shape, call_dtype)
+    except Exception as error:  # a client that fails, or answers nonsense, never fails the launch
+        logger.warning("%s: config lookup failed (%r); using the default", spec.name, error)
+        default = spec.default_config(shape, call_dtype, limits)
+        return Selection(spec, shape, call_dtype, default, "default", f"lookup failed: {error!r}")
+    config, refusal = _checked(spec, shape, call_dtype, limits, asked)
+    source: Literal["client", "default"] = "client" if refusal is None else "default"
+    return Selection(spec, shape, call_dtype, dict(config), source, refusal)
+
+
+def launch(
+    kernel: str | KernelSpec,
+    /,
+    *tensors: torch.Tensor,
+    client: ConfigSource,
+    dtype: str | None = None,
+    **dims: int | bool,
+) -> torch.Tensor:
+    """Run ``kernel`` on ``tensors`` under the config ``client`` gives for their shape (see the module).
+
+    ``kernel`` is a registered name or a spec; ``tensors`` are what the spec's
+    ``run`` takes, in its order; ``dims`` complete the shape where the tensors
+    cannot (``causal=True`` for ``fused_attention``). Raises ``InputError`` for
+    inputs that do not fit the kernel and ``NotImplementedError`` for a kernel
+    whose spec has no ``shape_of``; never because of the config.
+    """
+    selection = select_config(kernel, *tensors, client=client, dtype=dtype, **dims)
+    return selection.spec.run(tensors, selection.config, selection.shape)
+
+
+def tiled(
+    kernel: str | KernelSpec,
+    /,
+    *,
+    client: ConfigSource,
+    dtype: str | None = None,
+    **dims: int | bool,
+) -> Callable[[Callable[..., T]], Callable[..., T]]:
+    """Decorate an implementation ``fn(*tensors, config=...)`` so calls pick the config at launch.
+
+    ::
+
+        @tiled("add", client=tiling)
+        def my_add(a, b, *, config):  # config: {"tile_size": ..., "buffer_num": ..., ...}
+            ...
+
+        my_add(a, b)  # config chosen as launch() would; keyword dims per call: my_add(q, k, v, causal=1)
+
+    The tensors are read as ``launch`` reads them (the spec's ``shape_of``).
+    """
+
+    def decorate(fn: Callable[..., T]) -> Callable[..., T]:
+        @functools.wraps(fn)
+        def wrapper(*tensors: torch.Tensor, **call_dims: int | bool) -> T:
+            selection = select_config(kernel, *tensors, client=client, dtype=dtype, **{**dims, **call_dims})
+            return fn(*tensors, config=selection.config)
+
+        return wrapper
+
+    return decorate

@@ -1,0 +1,257 @@
+"""Misses and demand-driven tuning: the keys clients asked for that nobody tuned.
+
+A client whose lookup answered ``nearest`` or ``default`` reports the key
+(off the launch path, in batches); enough reports of one key queue a job
+that tunes it.
+
+Contract (one suite of tests runs it on SQLite and PostgreSQL):
+
+- ``report(batch)`` checks every entry before writing anything: the kernel
+  is registered, the shape is complete and valid for its spec, the dtype is
+  known. A bad entry raises :class:`~tiletune.service.errors.InvalidInputError`
+  naming it (``misses[2].shape.n``) and the batch changes nothing.
+- A key is (kernel, the registry's version of it, canonical shape, dtype,
+  chip name). Each entry adds its ``count`` to its key: a batch is a count,
+  so sending one twice counts twice (no idempotency). The key keeps the last
+  report's ``match`` and its first and last report times (the store's
+  clock). A batch is one transaction; ``accepted`` is its number of entries.
+- Misses on a chip no worker registered are counted (``chip_id`` NULL) but
+  queue nothing: a chip's limits come only from its workers. The first
+  report after the chip registered links the key to it.
+- Policy (``threshold`` 0 disables it): a key is queued when its count is at
+  least ``threshold``, its chip is registered, it has no best config on that
+  chip for the kernel's current version, no job of the key is live
+  (``queued``, ``running``, ``validating``) on that chip, and demand never
+  queued a job for it before. The job comes from a sweep named ``demand``
+  (that shape and dtype, ``chips=[chip]``, ``trials``, backend ``torch`` or
+  else the kernel's first), made by the store's ``submit`` rules in the same
+  transaction; its id is kept on the key and returned in ``queued_jobs``. At
+  most one demand job per key: one that failed or was cancelled is for a
+  person to look at and submit again.
+- ``misses(chip, kernel, limit)`` lists the keys of the kernels' current
+  versions, highest count first (then the most recently reported).
+
+Concurrency: counts are added by an upsert (``INSERT … ON CONFLICT DO
+UPDATE SET count = count + n``), one key at a time in sorted order, so
+concurrent batches neither lose counts nor deadlock. On PostgreSQL the
+upsert locks the key's row until the batch commits, and on SQLite a write
+transaction holds the database, so two batches crossing the threshold at
+once queue one job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import MissesCreate, MissesPublic, MissPublic, MissReport, SweepCreate
+from tiletune.kernels import KernelSpec, Shape, all_kernels
+from tiletune.kernels.errors import InputError
+from tiletune.kernels.spec import DTYPES
+from tiletune.service.errors import InvalidInputError
+from tiletune.service.models import JobRow, MissRow
+from tiletune.service.store import LIVE_STATES, JobKey, Store, aware, lookup_kernel
+
+#: The name of the sweeps demand creates.
+DEMAND_SWEEP = "demand"
+
+#: The columns that identify a miss (its unique constraint).
+KEY_COLUMNS = ("kernel", "kernel_version", "shape_key", "dtype", "chip_name")
+
+MissKey = tuple[str, int, str, str, str]
+
+
+@dataclass(frozen=True)
+class MissPolicy:
+    """When misses queue tuning: ``threshold`` reports of a key (0: never), with ``trials`` per job."""
+
+    threshold: int = 3
+    trials: int = 40
+
+
+@dataclass
+class _Tally:
+    """One key's reports within a batch, summed."""
+
+    spec: KernelSpec
+    shape: Shape
+    shape_key: str
+    dtype: str
+    chip: str
+    count: int
+    match: str
+
+    @property
+    def key(self) -> MissKey:
+        return (self.spec.name, self.spec.version, self.shape_key, self.dtype, self.chip)
+
+
+def demand_backend(spec: KernelSpec) -> str:
+    """The backend of a demand job: the portable ``torch`` if the kernel has it, else its first."""
+    backends = spec.backends()
+    return "torch" if "torch" in backends else backends[0]
+
+
+class Misses:
+    """Counts misses and queues demand jobs; see the module docstring for the contract."""
+
+    def __init__(self, store: Store, policy: MissPolicy = MissPolicy()) -> None:
+        self.store = store
+        self.policy = policy
+
+    def report(self, batch: MissesCreate) -> MissesPublic:
+        """Count a batch of misses and queue the keys the policy picks; all or nothing."""
+        tallies = self._tally(batch.misses)
+        now = self.store.clock()
+        queued = []
+        with self.store.sessions.begin() as session:
+            for key in sorted(tallies):
+                row = self._add(session, tallies[key], now)
+                job_id = self._maybe_queue(session, row)
+                if job_id is not None:
+                    queued.append(job_id)
+        return MissesPublic(accepted=len(batch.misses), queued_jobs=queued)
+
+    def misses(
+        self, chip: str | None = None, kernel: str | None = None, limit: int = 100
+    ) -> list[MissPublic]:
+        """The keys of the kernels' current versions, highest count first; see the module docstring."""
+        specs = [lookup_kernel(kernel)] if kernel is not None else list(all_kernels().values())
+        current = or_(*(and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version) for s in specs))
+        query = select(MissRow).where(current)
+        if chip is not None:
+            query = query.where(MissRow.chip_name == chip)
+        query = query.order_by(MissRow.count.desc(), MissRow.last_seen_at.desc(), MissRow.id).limit(limit)
+        with self.store.reads() as session:
+            return [_public(row) for row in session.scalars(query)]
+
+    # -- counting ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _tally(entries: list[MissReport]) -> dict[MissKey, _Tally]:
+        """Every entry checked (errors name ``misses[i]....``) and summed per key."""
+        tallies: dict[MissKey, _Tally] = {}
+        for index, entry in enumerate(entries):
+            where = f"misses[{index}]"
+            spec = lookup_kernel(entry.kernel, field=f"{where}.kernel")
+            try:
+                shape = spec.parse_shape(entry.shape)
+            except InputError as error:
+                raise InvalidInputError(error.reason, field=f"{where}.{error.field}") from error
+            if entry.dtype not in DTYPES:
+                raise InvalidInputError(
+                    f"unknown dtype {entry.dtype!r}; choose one of {list(DTYPES)}", field=f"{where}.dtype"
+                )
+            tally = _Tally(
+                spec, shape, spec.canonical_shape(shape), entry.dtype, entry.chip, entry.count, entry.match
+            )
+            found = tallies.setdefault(tally.key, tally)
+            if found is not tally:
+                found.count += tally.count
+                found.match = tally.match
+        return tallies
+
+    def _add(self, session: Session, tally: _Tally, now: datetime) -> MissRow:
+        """Add ``tally`` to its key's row (created if new) by an upsert; the row as it is now."""
+        chip = self.store.chip_by_name(session, tally.chip)
+        values: dict[str, Any] = {
+            "kernel": tally.spec.name,
+            "kernel_version": tally.spec.version,
+            "shape": tally.shape,
+            "shape_key": tally.shape_key,
+            "dtype": tally.dtype,
+            "chip_name": tally.chip,
+            "chip_id": chip.id if chip is not None else None,
+            "count": tally.count,
+            "last_match": tally.match,
+            "first_seen_at": now,
+            "last_seen_at": now,
+        }
+        dialect = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+        insert = dialect.insert(MissRow).values(values)
+        excluded = insert.excluded
+        session.execute(
+            insert.on_conflict_do_update(
+                index_elements=list(KEY_COLUMNS),
+                set_={
+                    "count": MissRow.count + excluded.count,
+                    "last_match": excluded.last_match,
+                    "last_seen_at": excluded.last_seen_at,
+                    "chip_id": func.coalesce(excluded.chip_id, MissRow.chip_id),
+                },
+            )
+        )
+        name, version, shape_key, dtype, chip_name = tally.key
+        return session.scalars(
+            select(MissRow)
+            .where(
+                MissRow.kernel == name,
+                MissRow.kernel_version == version,
+                MissRow.shape_key == shape_key,
+                MissRow.dtype == dtype,
+                MissRow.chip_name == chip_name,
+            )
+            .execution_options(populate_existing=True)
+        ).one()
+
+    # -- policy -----------------------------------------------------------------------------
+
+    def _maybe_queue(self, session: Session, row: MissRow) -> int | None:
+        """Queue a demand job for ``row``'s key if the policy says so; its id, else ``None``."""
+        threshold = self.policy.threshold
+        if threshold <= 0 or row.count < threshold or row.chip_id is None or row.job_id is not None:
+            return None
+        key = JobKey(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id)
+        if self.store.best_row(session, key) is not None or self._live_job(session, row, row.chip_id):
+            return None
+        spec = lookup_kernel(row.kernel)
+        request = SweepCreate(
+            name=DEMAND_SWEEP,
+            kernel=row.kernel,
+            shapes=[row.shape],
+            dtypes=[row.dtype],
+            chips=[row.chip_name],
+            trials=self.policy.trials,
+            backend=demand_backend(spec),
+        )
+        job = self.store.submit_in(session, request, max_jobs=1).jobs[0]
+        if job.state != "queued":
+            return None
+        row.job_id = job.id
+        return job.id
+
+    @staticmethod
+    def _live_job(session: Session, row: MissRow, chip_id: int) -> bool:
+        """True when a job of ``row``'s key is queued, running or validating on its chip."""
+        found = session.scalar(
+            select(JobRow.id)
+            .where(
+                JobRow.kernel == row.kernel,
+                JobRow.kernel_version == row.kernel_version,
+                JobRow.shape_key == row.shape_key,
+                JobRow.dtype == row.dtype,
+                JobRow.state.in_(LIVE_STATES),
+                or_(JobRow.chip_id == chip_id, JobRow.chip_target == row.chip_name),
+            )
+            .limit(1)
+        )
+        return found is not None
+
+
+def _public(row: MissRow) -> MissPublic:
+    return MissPublic(
+        kernel=row.kernel,
+        shape=row.shape,
+        shape_key=row.shape_key,
+        dtype=row.dtype,
+        chip=row.chip_name,
+        count=row.count,
+        job_id=row.job_id,
+        first_seen_at=aware(row.first_seen_at),
+        last_seen_at=aware(row.last_seen_at),
+    )
