@@ -490,35 +490,27 @@ class Store:
         """A best-config row as the API shows it, with its provenance."""
         chip = session.get(ChipRow, best.chip_id)
         software = session.get(SoftwareRow, best.software_id) if best.software_id is not None else None
-        return BestConfigPublic(
-            kernel=best.kernel,
-            kernel_version=best.kernel_version,
-            shape=best.shape,
-            shape_key=best.shape_key,
-            dtype=best.dtype,
-            chip=chip.name if chip is not None else "",
-            config=best.config,
-            median_ms=best.median_ms,
-            default_config=best.default_config,
-            default_ms=best.default_ms,
-            speedup_vs_default=best.default_ms / best.median_ms if best.default_ms else None,
-            job_id=best.job_id,
-            trial_id=best.trial_id,
-            software=json.loads(software.fingerprint) if software is not None else {},
-            promoted_at=aware(best.promoted_at),
-        )
+        fingerprint = json.loads(software.fingerprint) if software is not None else {}
+        return _best_public(best, chip.name if chip is not None else "", fingerprint)
 
     def best_configs(self, chip: str, kernel: str | None = None) -> list[BestConfigPublic]:
-        """Every best config of a chip (optionally one kernel), for bulk export and prefetch."""
+        """Every best config of a chip (optionally one kernel), for bulk export and prefetch (one query)."""
+        query = (
+            select(BestConfigRow, SoftwareRow.fingerprint)
+            .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
+            .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
+            .where(ChipRow.name == chip)
+        )
+        if kernel is not None:
+            query = query.where(BestConfigRow.kernel == kernel)
+        fingerprints: dict[str | None, dict[str, str | None]] = {None: {}}
+        entries = []
         with self.reads() as session:
-            chip_row = self.chip_by_name(session, chip)
-            if chip_row is None:
-                return []
-            query = select(BestConfigRow).where(BestConfigRow.chip_id == chip_row.id)
-            if kernel is not None:
-                query = query.where(BestConfigRow.kernel == kernel)
-            rows = session.scalars(query.order_by(BestConfigRow.kernel, BestConfigRow.shape_key)).all()
-            return [self.best_public(session, row) for row in rows]
+            for best, text in session.execute(query.order_by(BestConfigRow.kernel, BestConfigRow.shape_key)):
+                if text not in fingerprints:
+                    fingerprints[text] = json.loads(text)
+                entries.append(_best_public(best, chip, fingerprints[text]))
+        return entries
 
     def nearest_best(
         self,
@@ -627,3 +619,24 @@ class Store:
                 )
                 for row in rows
             ]
+
+
+def _best_public(best: BestConfigRow, chip: str, software: dict[str, str | None]) -> BestConfigPublic:
+    """A best-config row with its chip's name and software fingerprint, as the API shows it."""
+    return BestConfigPublic(
+        kernel=best.kernel,
+        kernel_version=best.kernel_version,
+        shape=best.shape,
+        shape_key=best.shape_key,
+        dtype=best.dtype,
+        chip=chip,
+        config=best.config,
+        median_ms=best.median_ms,
+        default_config=best.default_config,
+        default_ms=best.default_ms,
+        speedup_vs_default=best.default_ms / best.median_ms if best.default_ms else None,
+        job_id=best.job_id,
+        trial_id=best.trial_id,
+        software=software,
+        promoted_at=aware(best.promoted_at),
+    )
