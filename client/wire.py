@@ -86,7 +86,7 @@ class SweepCreate(_Wire):
     kernels: list[SweepKernel] = Field(default_factory=list, max_length=64, validate_default=True)
     dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1, max_length=3)
     chips: list[str] = Field(default_factory=list, max_length=64)
-    backend: str = "torch"
+    backend: str | None = Field(default=None, description="implementation; default: the kernel's first")
     strategy: Literal["tpe", "random", "grid"] = "tpe"
     trials: int = Field(default=40, ge=1, le=10_000)
     max_time_s: float | None = Field(default=None, gt=0)

@@ -229,7 +229,7 @@ class Store:
                     f"unknown dtype {dtype!r}; choose one of {choices}", f"dtypes[{index}]"
                 )
         for spec, _ in work:
-            if request.backend not in spec.backends():
+            if request.backend is not None and request.backend not in spec.backends():
                 raise InvalidInputError(
                     f"kernel {spec.name} has no backend {request.backend!r}; "
                     f"choose one of {list(spec.backends())}",
@@ -318,7 +318,7 @@ class Store:
             dtype=dtype,
             chip_target=chip_target,
             chip_id=chip.id if chip is not None else None,
-            backend=request.backend,
+            backend=request.backend or spec.backends()[0],
             strategy=request.strategy,
             trials=request.trials,
             max_time_s=request.max_time_s,

@@ -240,24 +240,26 @@ class KernelBench:
 
     Inputs and the reference output are built once, on construction. Every
     ``evaluate`` checks the config's constraint, then its output, then times it.
+    ``backend`` is the implementation ``spec.run`` uses (default: the spec's first).
     """
 
     spec: KernelSpec
     shape: Shape
     dtype: str
     device: Device
-    backend: str = "torch"
+    backend: str | None = None
     settings: BenchSettings = field(default_factory=BenchSettings)
     seed: int = 0
 
     def __post_init__(self) -> None:
+        self.implementation = self.backend or self.spec.backends()[0]
         self.inputs = self.spec.make_inputs(self.shape, self.dtype, self.device.torch_device, self.seed)
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
 
     def runner(self, config: Config) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on the prepared inputs."""
-        return lambda: self.spec.run(self.inputs, config, self.shape, self.backend)
+        return lambda: self.spec.run(self.inputs, config, self.shape, self.implementation)
 
     def check(self, config: Config) -> TrialResult | None:
         """An invalid/failed result for ``config``, or None when it may be timed."""
@@ -271,7 +273,7 @@ class KernelBench:
         outputs: list[torch.Tensor] = []
         try:
             run_ms = self.device.time_ms(
-                lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.backend))
+                lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.implementation))
             )
         except Exception as error:  # a crashing config is a measurement, not a crash
             return TrialResult(config, error=f"{type(error).__name__}: {error}"), 0.0

@@ -153,7 +153,7 @@ def tune(
     device: Device,
     options: TuneOptions = TuneOptions(),
     *,
-    backend: str = "torch",
+    backend: str | None = None,
     progress: Progress | None = None,
 ) -> TuneReport:
     """Tune ``spec`` for ``shape``/``dtype`` on ``device``; see the module docstring."""
@@ -184,7 +184,7 @@ def tune(
         shape=shape,
         dtype=dtype,
         chip=device.chip.name,
-        backend=backend,
+        backend=bench.implementation,
         strategy=options.strategy,
         space_size=len(spec.space(shape, dtype, limits)),
         counts=search.counts.as_dict(),

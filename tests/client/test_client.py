@@ -306,7 +306,7 @@ def test_a_kernel_launch_takes_its_tiling_from_the_client(server: LiveServer, cl
     torch.testing.assert_close(launch("add", a, b, client=client), a + b)
 
 
-def test_a_background_refresh_brings_new_configs_without_a_restart(server: LiveServer, tmp_path: Path) -> None:
+def test_a_background_refresh_brings_new_configs(server: LiveServer, tmp_path: Path) -> None:
     with ConfigClient(server.url, CHIP, settings=settings(tmp_path, refresh_s=0.1)) as client:
         assert client.prefetch() == 0
         assert client.get("add", {"n": 65536}).match == "default"

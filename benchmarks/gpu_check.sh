@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The GPU check (issue 5): run on a machine with one NVIDIA GPU, from the repository root, with a
+# venv that has torch's CUDA build and triton (`pip install torch==2.13.0 triton -e .`).
+# Tunes triton_fused_attention (3 shapes x fp16/bf16) and triton_matmul (2 shapes) and prints JSON:
+# tuned vs the hand-written rule's config vs PyTorch's own op, measured interleaved. Under 5 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON="${PYTHON:-.venv/bin/python}"
+"$PYTHON" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA GPU visible'" >&2
+exec timeout 300 "$PYTHON" -m benchmarks.gpu_check "$@"
