@@ -3,6 +3,8 @@
 Owns the kernel spec contract (``spec``), the built-in kernels (``add``,
 ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``), the tiled
 pipeline executor their portable PyTorch implementations share (``pipeline``),
+their Triton versions (``triton_*``: ``triton_spec`` holds what they share,
+``triton_kernels`` the ``@triton.jit`` kernels, loaded on first run),
 the kernel registry with its plugin entry points (``registry``), devices
 (``device``: chip identity, limits, timers), and the launch helper (``launch``:
 run a kernel under the config a client gives for the call's shape).

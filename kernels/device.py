@@ -143,7 +143,7 @@ def _cpu_l2_bytes() -> int:
 @cache
 def cpu_chip() -> Chip:
     """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory."""
-    return Chip("cpu", cpu_chip_name(), DeviceLimits(local_memory_bytes=_cpu_l2_bytes()))
+    return Chip("cpu", cpu_chip_name(), DeviceLimits(local_memory_bytes=_cpu_l2_bytes(), kind="cpu"))
 
 
 def _cuda_device(index: int = 0) -> AcceleratorDevice:
@@ -154,7 +154,7 @@ def _cuda_device(index: int = 0) -> AcceleratorDevice:
     chip = Chip(
         "cuda",
         cuda_chip_name(props),
-        DeviceLimits(local_memory_bytes=smem, max_buffer_num=8, alignment_bytes=16),
+        DeviceLimits(local_memory_bytes=smem, max_buffer_num=8, alignment_bytes=16, kind="cuda"),
     )
     return AcceleratorDevice(chip, torch.device("cuda", index), torch.cuda)
 
@@ -164,8 +164,8 @@ def ascend_limits(soc_name: str) -> DeviceLimits:
     for prefix in sorted(ASCEND_UB_BYTES, key=len, reverse=True):
         if soc_name.startswith(prefix):
             ub, buffers = ASCEND_UB_BYTES[prefix]
-            return DeviceLimits(local_memory_bytes=ub, max_buffer_num=buffers, alignment_bytes=32)
-    return DeviceLimits(local_memory_bytes=192 * 1024, max_buffer_num=4, alignment_bytes=32)
+            return DeviceLimits(local_memory_bytes=ub, max_buffer_num=buffers, alignment_bytes=32, kind="npu")
+    return DeviceLimits(local_memory_bytes=192 * 1024, max_buffer_num=4, alignment_bytes=32, kind="npu")
 
 
 def _npu_device(index: int = 0) -> AcceleratorDevice:

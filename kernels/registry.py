@@ -24,7 +24,17 @@ from tiletune.kernels.errors import UnknownKernelError
 from tiletune.kernels.spec import KernelSpec
 
 ENTRY_POINT_GROUP = "tiletune.kernels"
+#: The portable PyTorch kernels (each module's name is its kernel's name).
 BUILTIN_MODULES = ("add", "softmax", "rms_norm", "matmul", "fused_attention")
+#: Their Triton implementations: separate kernels reusing the portable specs' dims, inputs and
+#: reference, with their own knobs (block sizes, num_stages, num_warps). Importing them needs no triton.
+TRITON_MODULES = (
+    "triton_add",
+    "triton_softmax",
+    "triton_rms_norm",
+    "triton_matmul",
+    "triton_fused_attention",
+)
 
 
 def _as_spec(obj: object, origin: str) -> KernelSpec:
@@ -36,10 +46,10 @@ def _as_spec(obj: object, origin: str) -> KernelSpec:
 
 
 def builtin_kernels() -> dict[str, KernelSpec]:
-    """The kernels shipped with tiletune, by name."""
+    """The kernels shipped with tiletune, by name: the portable ones, then their Triton versions."""
     specs = [
         _as_spec(importlib.import_module(f"tiletune.kernels.{module}").SPEC, module)
-        for module in BUILTIN_MODULES
+        for module in (*BUILTIN_MODULES, *TRITON_MODULES)
     ]
     return {spec.name: spec for spec in specs}
 

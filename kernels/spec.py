@@ -117,11 +117,14 @@ class DeviceLimits:
     the L2 cache per core on a CPU. ``max_buffer_num`` is how many buffers a
     queue may rotate (Ascend C: 4 per position on training parts, 8 on A2).
     ``alignment_bytes`` is the granularity tiles are padded to in local memory.
+    ``kind`` is the device kind (``cpu``, ``cuda``, ``npu``) for rules that differ
+    by kind: e.g. Triton on Ascend has no warps and only single or double buffers.
     """
 
     local_memory_bytes: int
     max_buffer_num: int = 4
     alignment_bytes: int = 32
+    kind: str = "cpu"
 
 
 @dataclass(frozen=True)
@@ -382,6 +385,15 @@ class KernelSpec(ABC):
     def backends(self) -> tuple[str, ...]:
         """Implementation names ``run`` accepts; the portable one is ``"torch"``."""
         return ("torch",)
+
+    def supports(self, device_kind: str) -> bool:
+        """Whether ``run`` can run on a device of ``device_kind`` (``cpu``, ``cuda``, ``npu``) here.
+
+        The portable PyTorch kernels run everywhere (True); a kernel whose
+        implementation needs a compiler or runtime (Triton, triton-ascend) says
+        whether that is installed and usable for the kind.
+        """
+        return True
 
     def tolerance(self, dtype: str) -> Tolerance:
         """How close ``run`` must come to ``reference`` for a config to be valid."""

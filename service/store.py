@@ -82,8 +82,8 @@ def aware(moment: datetime) -> datetime:
 
 
 def chip_limits(chip: ChipRow) -> DeviceLimits:
-    """The constraint limits a chip registered."""
-    return DeviceLimits(chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes)
+    """The constraint limits a chip registered (its kind too: some constraints differ on NPUs)."""
+    return DeviceLimits(chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, kind=chip.kind)
 
 
 def lookup_kernel(name: str, field: str = "kernel") -> KernelSpec:

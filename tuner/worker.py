@@ -464,7 +464,7 @@ class Worker:
     def registration(self) -> WorkerCreate:
         """What this worker tells the server about itself: chip, limits, backends, kernels, software."""
         chip = self._device.chip
-        kernels = all_kernels()
+        kernels = {name: spec for name, spec in all_kernels().items() if spec.supports(chip.kind)}
         return WorkerCreate(
             name=self.name,
             chip=ChipWire(
