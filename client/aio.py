@@ -91,12 +91,7 @@ class AsyncConfigClient:
 
     async def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | None:
         assert self._http is not None
-        params = {
-            "shape": ",".join(f"{k}={v}" for k, v in shape.items()),
-            "dtype": dtype,
-            "chip": self.core.chip,
-            "match": "nearest",
-        }
+        params = self.core.lookup_params(shape, dtype)
         try:
             response = await self._http.get(f"/v1/configs/{kernel}", params=params)
         except httpx.HTTPError as error:
@@ -113,7 +108,7 @@ class AsyncConfigClient:
         if self._http is None:
             self.core.load_disk()
             return 0
-        params = {"chip": self.core.chip, **({"kernel": kernel} if kernel else {})}
+        params = self.core.bulk_params(kernel)
         try:
             response = await self._http.get(
                 "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
@@ -124,10 +119,7 @@ class AsyncConfigClient:
             self.core.load_disk()
             return 0
         bundle = ConfigBundle.model_validate_json(response.content)
-        with self.core.lock:
-            self.core.load_disk()
-            self.core.known.add_bundle(bundle)
-            self.core.forget_answers()
+        self.core.take_bundle(bundle)
         self.core.prefetched = True
         if self.core.disk is not None:
             await asyncio.to_thread(self.core.disk.save, bundle)
@@ -144,10 +136,7 @@ class AsyncConfigClient:
     async def import_bundle(self, path: Path) -> int:
         """Take the configs of a bundle file (and keep them in the disk cache); how many were new."""
         bundle = await asyncio.to_thread(read_bundle, path)
-        with self.core.lock:
-            self.core.load_disk()
-            changed = self.core.known.add_bundle(bundle)
-            self.core.forget_answers()
+        changed = self.core.take_bundle(bundle)
         if self.core.disk is not None:
             await asyncio.to_thread(self.core.disk.save, bundle)
         return changed

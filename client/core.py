@@ -36,7 +36,7 @@ from typing import Any, Literal
 from tiletune.client.chip import detect_chip, software_fingerprint
 from tiletune.client.disk import DiskCache, default_cache_dir
 from tiletune.client.known import KnownConfigs
-from tiletune.client.wire import BestConfigPublic, LookupPublic, MissesCreate, MissReport
+from tiletune.client.wire import BestConfigPublic, ConfigBundle, LookupPublic, MissesCreate, MissReport
 
 log = logging.getLogger("tiletune.client")
 
@@ -227,6 +227,25 @@ class ClientCore:
             if entry.software.get(name) != self.software.get(name)
         ]
         return "tuned with " + ", ".join(differences) if differences else None
+
+    # -- requests and bundles ------------------------------------------------------------------
+
+    def lookup_params(self, shape: Mapping[str, int], dtype: str) -> dict[str, str]:
+        """Query of ``GET /v1/configs/{kernel}``: exact, else the server's nearest (adapted to the shape)."""
+        shape_text = ",".join(f"{k}={v}" for k, v in shape.items())
+        return {"shape": shape_text, "dtype": dtype, "chip": self.chip, "match": "nearest"}
+
+    def bulk_params(self, kernel: str | None) -> dict[str, str]:
+        """Query of ``GET /v1/configs``: this chip, optionally one kernel."""
+        return {"chip": self.chip, **({"kernel": kernel} if kernel else {})}
+
+    def take_bundle(self, bundle: ConfigBundle) -> int:
+        """Add a bundle's entries to what is known (the disk's first) and drop remembered answers."""
+        with self.lock:
+            self.load_disk()
+            changed = self.known.add_bundle(bundle)
+            self.forget_answers()
+        return changed
 
     # -- misses --------------------------------------------------------------------------------
 

@@ -99,12 +99,7 @@ class ConfigClient:
     def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | bool | None:
         """The server's lookup; ``None`` when it has nothing; ``False`` when it could not be asked."""
         assert self._http is not None
-        params = {
-            "shape": ",".join(f"{k}={v}" for k, v in shape.items()),
-            "dtype": dtype,
-            "chip": self.core.chip,
-            "match": "nearest",
-        }
+        params = self.core.lookup_params(shape, dtype)
         try:
             response = self._http.get(f"/v1/configs/{kernel}", params=params)
         except httpx.HTTPError as error:
@@ -130,7 +125,7 @@ class ConfigClient:
         if self._http is None:
             self.core.load_disk()
             return 0
-        params = {"chip": self.core.chip, **({"kernel": kernel} if kernel else {})}
+        params = self.core.bulk_params(kernel)
         try:
             response = self._http.get(
                 "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
@@ -141,18 +136,12 @@ class ConfigClient:
             self.core.load_disk()
             return 0
         bundle = ConfigBundle.model_validate_json(response.content)
-        self._take(bundle)
+        self.core.take_bundle(bundle)
         self.core.prefetched = True
         if self.core.disk is not None:
             self.core.disk.save(bundle)
         self._start_refresher()
         return len(bundle.configs)
-
-    def _take(self, bundle: ConfigBundle) -> None:
-        with self.core.lock:
-            self.core.load_disk()
-            self.core.known.add_bundle(bundle)
-            self.core.forget_answers()
 
     def export_bundle(self, path: Path) -> int:
         """Write every config known here to ``path`` (for air-gapped clusters); how many."""
@@ -164,10 +153,7 @@ class ConfigClient:
     def import_bundle(self, path: Path) -> int:
         """Take the configs of a bundle file (and keep them in the disk cache); how many were new."""
         bundle = read_bundle(path)
-        with self.core.lock:
-            self.core.load_disk()
-            changed = self.core.known.add_bundle(bundle)
-            self.core.forget_answers()
+        changed = self.core.take_bundle(bundle)
         if self.core.disk is not None:
             self.core.disk.save(bundle)
         return changed

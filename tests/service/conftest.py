@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,24 @@ from tiletune.service.database import normalize_url
 POSTGRES_ADMIN_URL = os.environ.get("TILETUNE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 DATABASES = ("sqlite", "postgresql")
+
+
+class ManualClock:
+    """A clock the test moves by hand (the store's injected clock: expiry without sleeping)."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
 
 
 @pytest.fixture(params=DATABASES)

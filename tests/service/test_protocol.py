@@ -10,7 +10,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -20,28 +19,10 @@ from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 
-from .conftest import postgres_database
+from .conftest import ManualClock, postgres_database
 
 CHIP = {"name": "cpu/Test Chip (AVX2)/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
 LEASE_S = 60.0
-
-
-class ManualClock:
-    """A clock the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += timedelta(seconds=seconds)
-
-
-@pytest.fixture
-def clock() -> ManualClock:
-    return ManualClock()
 
 
 @pytest.fixture
