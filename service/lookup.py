@@ -26,7 +26,7 @@ from tiletune.kernels.errors import InputError
 from tiletune.kernels.spec import DTYPES, parse_dims, snap_down
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.models import BestConfigRow
-from tiletune.service.store import JobKey, Store, chip_limits, lookup_kernel
+from tiletune.service.store import Store, chip_limits, lookup_kernel
 
 MATCH_ORDER = ("exact", "nearest", "default")
 
@@ -84,6 +84,17 @@ def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str,
     spec, shape = parse_key(kernel, shape_text, dtype)
     allowed = MATCH_ORDER[: MATCH_ORDER.index(match) + 1]
     with store.reads() as session:
+        exact = store.exact_public(session, spec, spec.canonical_shape(shape), dtype, chip)
+        if exact is not None:  # the common case, in one query
+            return LookupPublic(
+                kernel=spec.name,
+                shape=shape,
+                dtype=dtype,
+                chip=chip,
+                config=exact.config,
+                match="exact",
+                best=exact,
+            )
         chip_row = store.chip_by_name(session, chip)
         if chip_row is None:
             raise NotFoundError(f"no chip {chip!r} is registered", field="chip")
@@ -96,10 +107,6 @@ def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str,
                 kernel=spec.name, shape=shape, dtype=dtype, chip=chip, config=config, match=found, best=public
             )
 
-        key = JobKey(spec.name, spec.version, spec.canonical_shape(shape), dtype, chip_row.id)
-        best = store.best_row(session, key)
-        if best is not None:
-            return answer(best.config, "exact", best)
         limits = chip_limits(chip_row)
         if "nearest" in allowed:
             for _, row in store.nearest_best(session, spec, shape, dtype=dtype, chip_id=chip_row.id, k=5):
@@ -108,7 +115,9 @@ def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str,
                     return answer(config, "nearest", row)
         if "default" in allowed:
             return answer(spec.default_config(shape, dtype, limits), "default", None)
-    raise NotFoundError(f"no config tuned for {spec.name} {key.shape_key} {dtype} on {chip}", field="shape")
+    raise NotFoundError(
+        f"no config tuned for {spec.name} {spec.canonical_shape(shape)} {dtype} on {chip}", field="shape"
+    )
 
 
 def adapt(spec: KernelSpec, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> Config | None:

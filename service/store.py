@@ -493,6 +493,28 @@ class Store:
         fingerprint = json.loads(software.fingerprint) if software is not None else {}
         return _best_public(best, chip.name if chip is not None else "", fingerprint)
 
+    def exact_public(
+        self, session: Session, spec: KernelSpec, shape_key: str, dtype: str, chip: str
+    ) -> BestConfigPublic | None:
+        """The best config of a key named by its chip's name, with provenance, in one query."""
+        query = (
+            select(BestConfigRow, SoftwareRow.fingerprint)
+            .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
+            .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
+            .where(
+                ChipRow.name == chip,
+                BestConfigRow.kernel == spec.name,
+                BestConfigRow.kernel_version == spec.version,
+                BestConfigRow.shape_key == shape_key,
+                BestConfigRow.dtype == dtype,
+            )
+        )
+        found = session.execute(query).first()
+        if found is None:
+            return None
+        best, text = found
+        return _best_public(best, chip, json.loads(text) if text else {})
+
     def best_configs(self, chip: str, kernel: str | None = None) -> list[BestConfigPublic]:
         """Every best config of a chip (optionally one kernel), for bulk export and prefetch (one query)."""
         query = (
