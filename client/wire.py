@@ -180,12 +180,17 @@ class ChipWire(_Wire):
 
 
 class WorkerCreate(_Wire):
-    """A worker registering: its name, chip, backends and software fingerprint."""
+    """A worker registering: its name, chip, backends, kernels and software fingerprint.
+
+    ``kernels`` limits the jobs it leases (empty: any); ``kernel_versions``
+    (name -> version) also passes by jobs of another version of a kernel.
+    """
 
     name: str = Field(min_length=1, max_length=200)
     chip: ChipWire
     backends: list[str] = Field(min_length=1)
     kernels: list[str] = Field(default_factory=list)
+    kernel_versions: dict[str, int] = Field(default_factory=dict)
     software: dict[str, str | None] = Field(default_factory=dict)
 
 

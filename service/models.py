@@ -100,6 +100,8 @@ class WorkerRow(Base):
     software_id: Mapped[int] = mapped_column(ForeignKey("software.id"))
     backends: Mapped[list[str]]
     kernels: Mapped[list[str]]
+    #: Kernel name -> the version this worker runs (jobs of other versions pass it by).
+    kernel_versions: Mapped[JsonDict | None]
     registered_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
 

@@ -27,7 +27,7 @@ import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import ANY_CHIP
@@ -95,6 +95,12 @@ class JobQueue:
         )
         if worker.kernels:
             query = query.where(JobRow.kernel.in_(worker.kernels))
+        if worker.kernel_versions:
+            runs = [
+                and_(JobRow.kernel == k, JobRow.kernel_version == v)
+                for k, v in worker.kernel_versions.items()
+            ]
+            query = query.where(or_(*runs))
         if skipped:
             query = query.where(JobRow.id.not_in(skipped))
         query = query.order_by(JobRow.id).limit(1)

@@ -161,6 +161,7 @@ class Store:
                 software_id=software.id,
                 backends=list(request.backends),
                 kernels=list(request.kernels),
+                kernel_versions=dict(request.kernel_versions),
                 registered_at=now,
                 last_seen_at=now,
             )

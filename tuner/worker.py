@@ -476,6 +476,7 @@ class Worker:
             ),
             backends=sorted({backend for spec in kernels.values() for backend in spec.backends()}),
             kernels=sorted(kernels),
+            kernel_versions={name: spec.version for name, spec in sorted(kernels.items())},
             software=software_fingerprint(),
         )
 

@@ -475,3 +475,12 @@ def test_a_job_ends_on_convergence_when_given_patience(client: TestClient) -> No
         client.post(f"/v1/leases/{token}/tell", json={"outcomes": outcomes}).raise_for_status()
     assert answer["phase"] == "validate"
     assert client.get(f"/v1/jobs/{leased['job']['id']}").json()["progress"]["completed"] == 4
+
+
+def test_a_worker_running_another_version_of_a_kernel_passes_its_jobs_by(client: TestClient) -> None:
+    worker = {"name": "old", "chip": CHIP, "backends": ["torch"], "kernel_versions": {"add": 99}}
+    response = client.post("/v1/workers", json=worker)
+    assert response.status_code == 201, response.text
+    submit(client)
+    assert lease(client, response.json()["id"]) is None
+    assert lease(client, register(client)) is not None
