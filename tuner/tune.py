@@ -35,7 +35,7 @@ class TuneOptions:
     max_time_s: float | None = None
     patience: int | None = None
     seed: int | None = 0
-    validate_top: int = 3
+    validate_top: int = 5
     bench: BenchSettings = field(default_factory=BenchSettings)
 
 
