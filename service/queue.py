@@ -223,8 +223,3 @@ class JobQueue:
     def worker_of(self, session: Session, lease: LeaseRow) -> WorkerRow:
         """The worker holding ``lease``."""
         return session.get_one(WorkerRow, lease.worker_id)
-
-
-def seconds_until(moment: datetime, now: datetime) -> float:
-    """Seconds from ``now`` to ``moment`` (negative when past)."""
-    return (aware(moment) - now).total_seconds()

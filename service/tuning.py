@@ -39,7 +39,7 @@ from tiletune.client.wire import (
     WorkerPublic,
 )
 from tiletune.kernels import Config
-from tiletune.service.errors import ConflictError, InvalidInputError
+from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow, WorkerRow
 from tiletune.service.queue import FINISHED_STATES, JobQueue
 from tiletune.service.store import JobKey, Store, Winner, aware, chip_limits, lookup_kernel
@@ -140,9 +140,15 @@ class Tuning:
             return AskPublic(phase="validate", validate_configs=self._finalists(session, job))
 
     def _job_of(self, token: str) -> int:
+        """The id of the lease's job, read without locks so its search lock can be taken first.
+
+        Only the fence inside the write transaction that follows decides whether the lease is live.
+        """
         with self.store.reads() as session:
-            _, job = self.queue.fence(session, token)
-            return job.id
+            job_id = session.scalar(select(LeaseRow.job_id).where(LeaseRow.token == token))
+        if job_id is None:
+            raise LeaseLostError("no such lease; lease a job again", field="token")
+        return job_id
 
     def _search(self, session: Session, job: JobRow) -> Search:
         """The job's search (hold its lock); a new one is warm-started from the nearest tuned shapes."""
