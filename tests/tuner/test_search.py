@@ -312,3 +312,21 @@ def test_a_resumed_search_takes_up_outstanding_and_abandoned_trials() -> None:
     assert again.config == b.config
     resumed.tell(c.trial_id, bowl_ms(c.config))
     assert resumed.counts.completed == 2
+
+
+def test_the_model_carries_a_trend_to_values_not_measured_yet() -> None:
+    """Time halves with every larger tile: measured up to the 7th value, the model asks beyond it.
+
+    (Without trends every unmeasured value looks alike and the first, the slow
+    second value, would be asked.)
+    """
+    tiles = [1 << p for p in range(10)]
+    measured = [{"tile": tile} for tile in tiles[0:7:2]]
+    options = TpeOptions(n_startup=0, model_share=1.0, local_share=0.0, model_temperature=0.0)
+    halving = SearchSpace({"tile": tiles}, lambda config: None, seeds=measured)
+    search = Search(halving, seed=0, options=options)
+    for _ in measured:
+        (candidate,) = search.ask(1)
+        search.tell(candidate.trial_id, 1024 / candidate.config["tile"])
+    (proposed,) = search.ask(1)
+    assert proposed.config["tile"] > tiles[6]
