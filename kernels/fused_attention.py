@@ -11,7 +11,9 @@ last query is cut there). A step copies the K and V blocks in
 (and, on a tile's first step, the Q block), computes the scores, and folds
 them into the tile's float32 accumulator with the online softmax (running row
 max and sum; the accumulator is rescaled when the max grows). The last step
-divides by the sum; copy-out writes the block of ``O``. All batch x heads are
+divides by the sum; copy-out writes the block of ``O``. A q block whose keys
+fit one kv block has nothing to rescale: its one step is a plain softmax,
+computed in place by torch's fused softmax (one op instead of four passes). All batch x heads are
 processed at once as batched ops; the working set is counted per (batch,
 head), which is what one core holds when cores split batch x heads.
 
@@ -178,6 +180,21 @@ class OnlineSoftmax:
         torch.addcmul(block_max, row_sum, scale, out=row_sum)
         acc.mul_(scale).baddbmm_(scores, v)
 
+    def whole(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, acc: torch.Tensor, mask: torch.Tensor | None
+    ) -> None:
+        """``acc = softmax(q k^T + mask) v`` for a q block whose keys are all in this one step.
+
+        ``q`` is pre-scaled by ``1 / sqrt(head_dim)`` (natural base: torch's softmax).
+        """
+        bh, rows, cols = q.shape[0], q.shape[1], k.shape[1]
+        scores = self._view(self.scores, bh, rows, cols)
+        torch.bmm(q, k.transpose(1, 2), out=scores)
+        if mask is not None:
+            scores.masked_fill_(mask, -math.inf)
+        torch.softmax(scores, -1, out=scores)
+        torch.bmm(scores, v, out=acc)
+
     def finish(self, acc: torch.Tensor) -> None:
         """Divide the accumulator by the row sums."""
         bh, rows = acc.shape[0], acc.shape[1]
@@ -287,7 +304,7 @@ class FusedAttentionSpec(KernelSpec):
         upcast = Slots(3 if low else 0, bh * max(bq, bkv) * d, torch.float32, q.device)
         state = OnlineSoftmax.allocate(bh, bq, bkv, q.device)
         masks = CausalMask(bq, bkv, q.device) if shape["causal"] else None
-        scale = d**-0.5 * LOG2_E  # softmax in base 2: exp2 is cheaper than exp
+        scale = d**-0.5  # the online softmax works in base 2 (exp2 is cheaper than exp): times log2(e)
 
         def copy_in(step: int, slot: int) -> None:
             s = steps[step]
@@ -306,10 +323,14 @@ class FusedAttentionSpec(KernelSpec):
                 v_tile = upcast.view(2, (bh, s.cols, d)).copy_(v_tile)
             else:
                 q_local = q_tile
+            whole = s.first and s.last
             if s.first:
-                torch.mul(q_local, scale, out=q_tile)
+                torch.mul(q_local, scale if whole else scale * LOG2_E, out=q_tile)
             acc = accumulators.view(out_slot, (bh, s.rows, d))
             mask = masks.of(s) if masks is not None else None
+            if whole:
+                state.whole(q_tile, k_tile, v_tile, acc, mask)
+                return
             state.fold(q_tile, k_tile, v_tile, acc, first=s.first, mask=mask)
             if s.last:
                 state.finish(acc)
