@@ -168,7 +168,7 @@ class TpeOptions:
     model_temperature: float = 0.35
     model_pair_prior: float = 0.5
     model_pair_bins: int = 16
-    model_trend_prior: float = 1.0
+    model_trend_prior: float = 16.0
     n_ei_candidates: int = 24
 
     def __post_init__(self) -> None:
