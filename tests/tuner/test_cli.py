@@ -89,7 +89,7 @@ def test_bench_measures_configs_and_the_default_interleaved(capsys: pytest.Captu
         "--config",
         '{"tile_size": 4096, "buffer_num": 2, "pipeline_depth": 2}',
         "--config",
-        '{"tile_size": 50000, "buffer_num": 1, "pipeline_depth": 1}',
+        '{"tile_size": 16384, "buffer_num": 1, "pipeline_depth": 1}',  # 192 KiB: fits any L2
     )
     results = document["results"]
     assert len(results) == 3
