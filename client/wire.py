@@ -76,9 +76,9 @@ class SweepCreate(_Wire):
     job binds to the first chip that leases it). ``trials`` is the search's
     budget of unique valid measurements per job; ``max_time_s`` an optional
     time budget; ``patience`` stops a job after that many measurements
-    without improving its best (convergence). ``workers_per_job`` lets several workers of one chip share a
-    job. ``force`` tunes keys again even when they are already tuned on the
-    same chip, kernel version and software.
+    without improving its best (convergence). ``workers_per_job`` lets
+    several workers of one chip share a job. ``force`` tunes keys again even
+    when they are already tuned on the same chip, kernel version and software.
     """
 
     kernel: str | None = Field(default=None, min_length=1, max_length=64)
@@ -146,6 +146,8 @@ class JobPublic(_Wire):
     backend: str
     strategy: str
     trials: int
+    max_time_s: float | None = None
+    patience: int | None = None
     state: str
     lease_failures: int
     failure_reasons: list[str]

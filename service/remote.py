@@ -177,13 +177,18 @@ def _sweep_from_file(args: argparse.Namespace) -> SweepCreate:
     clashing = [f"--{name}" for name in ("kernel", "shape", "dtype") if getattr(args, name)]
     if clashing:
         raise InputError("file", f"give either FILE or {', '.join(clashing)}, not both")
-    overrides = {
-        "trials": args.trials,
-        "strategy": args.strategy,
-        "chips": args.chip or None,
-        "force": True if args.force else None,
-    }
+    overrides = {**_search_flags(args), "chips": args.chip or None, "force": True if args.force else None}
     return read_sweep_file(args.file, {key: value for key, value in overrides.items() if value is not None})
+
+
+def _search_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The search settings given as flags (budgets, strategy); ``None`` where not given."""
+    return {
+        "trials": args.trials,
+        "max_time_s": args.max_time,
+        "patience": args.patience,
+        "strategy": args.strategy,
+    }
 
 
 def _sweep_from_flags(args: argparse.Namespace) -> SweepCreate:
@@ -197,10 +202,7 @@ def _sweep_from_flags(args: argparse.Namespace) -> SweepCreate:
         "chips": args.chip or [],
         "force": args.force,
     }
-    if args.trials is not None:
-        document["trials"] = args.trials
-    if args.strategy is not None:
-        document["strategy"] = args.strategy
+    document.update({key: value for key, value in _search_flags(args).items() if value is not None})
     try:
         return SweepCreate.model_validate(document)
     except ValidationError as error:
@@ -382,10 +384,10 @@ def add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
         "submit",
         help="submit a tuning sweep to a server",
         description="Submit a sweep: one job per shape x dtype (x chip) of one kernel, from flags or "
-        "from FILE, a JSON object in SweepCreate form (see /docs); --trials, --strategy, --chip "
-        "and --force override the file's values. Keys already tuned on the same software are "
-        "skipped unless --force. Exit status: 2 when the sweep is refused (the message names the "
-        "field); with --wait, 1 when a job failed.",
+        "from FILE, a JSON object in SweepCreate form (see /docs); --trials, --max-time, --patience, "
+        "--strategy, --chip and --force override the file's values. Keys already tuned on the same "
+        "software are skipped unless --force. Exit status: 2 when the sweep is refused (the message "
+        "names the field); with --wait, 1 when a job failed.",
     )
     submit.add_argument("file", nargs="?", metavar="FILE", help="sweep as JSON (SweepCreate); - reads stdin")
     submit.add_argument("--kernel", help="kernel name (see `tiletune kernels`)")
@@ -395,6 +397,14 @@ def add_submit_parser(commands: argparse._SubParsersAction[argparse.ArgumentPars
     submit.add_argument("--dtype", action="append", help=f"element type ({', '.join(DTYPES)}); repeat")
     submit.add_argument("--chip", action="append", help="target chip name; repeat (default: any chip)")
     submit.add_argument("--trials", type=int, help="unique valid configs to measure per job (default 40)")
+    submit.add_argument(
+        "--max-time", type=float, metavar="SECONDS", help="time budget per job (default: none)"
+    )
+    submit.add_argument(
+        "--patience",
+        type=int,
+        help="end a job after this many measurements without a better config (default: none)",
+    )
     submit.add_argument("--strategy", choices=STRATEGIES, help="search strategy (default tpe)")
     submit.add_argument("--force", action="store_true", help="tune keys again even if already tuned")
     submit.add_argument("--wait", action="store_true", help="follow the sweep until every job has finished")

@@ -424,6 +424,8 @@ class Store:
             backend=job.backend,
             strategy=job.strategy,
             trials=job.trials,
+            max_time_s=job.max_time_s,
+            patience=job.patience,
             state=job.state,
             lease_failures=job.lease_failures,
             failure_reasons=list(job.failure_reasons),

@@ -105,7 +105,7 @@ def test_submit_with_flags_queues_one_job_per_shape_and_dtype(server: ServerProc
     sweep = cli.sweep(
         "--server", server.url, "--kernel", "add", "--shape", "n=4096", "--shape", "n=8192",
         "--dtype", "float32", "--dtype", "float16", "--chip", IDLE_CHIP, "--trials", "3",
-        "--strategy", "random",
+        "--strategy", "random", "--patience", "4", "--max-time", "30",
     )  # fmt: skip
 
     assert {job.kernel for job in sweep.jobs} == {"add"}
@@ -115,6 +115,7 @@ def test_submit_with_flags_queues_one_job_per_shape_and_dtype(server: ServerProc
     assert {(job.state, job.chip, job.trials, job.strategy) for job in sweep.jobs} == {
         ("queued", IDLE_CHIP, 3, "random")
     }
+    assert {(job.patience, job.max_time_s) for job in sweep.jobs} == {(4, 30.0)}
     stored = _sweep(server.url, sweep.id)
     assert [job.id for job in stored.jobs] == [job.id for job in sweep.jobs]
 
@@ -152,11 +153,11 @@ def test_submit_file_with_server_from_environment(
 
     monkeypatch.setenv("TILETUNE_SERVER", server.url)
 
-    sweep = cli.sweep(str(path), "--trials", "5")
+    sweep = cli.sweep(str(path), "--trials", "5", "--patience", "3")
 
     assert sweep.name == "from-file"
     assert [job.shape_key for job in sweep.jobs] == ["rows=64,cols=256", "rows=128,cols=512"]
-    assert {job.trials for job in sweep.jobs} == {5}  # the flag overrides the file
+    assert {(job.trials, job.patience) for job in sweep.jobs} == {(5, 3)}  # the flags override the file
 
 
 @pytest.mark.parametrize(
@@ -203,6 +204,18 @@ def test_submit_bad_file_exits_2_before_sending(
 
     assert status == 2
     assert f"{path}: {field}" in err
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--patience", "0"), ("--max-time", "-1"), ("--trials", "0")])
+def test_submit_bad_budget_flag_exits_2_naming_the_field(flag: str, value: str, cli: Cli) -> None:
+    args = ("--kernel", "add", "--shape", "n=64", "--dtype", "float32", flag, value)
+
+    status, out, err = cli("submit", *args, "--server", "http://127.0.0.1:9")  # never reached
+
+    assert status == 2
+    field = {"--patience": "patience", "--max-time": "max_time_s", "--trials": "trials"}[flag]
+    assert f"error: {field}: " in err, err
+    assert out == ""
 
 
 def test_submit_file_and_kernel_flags_do_not_mix(tmp_path: Path, cli: Cli) -> None:
