@@ -13,9 +13,10 @@ them into the tile's float32 accumulator with the online softmax (running row
 max and sum; the accumulator is rescaled when the max grows). The last step
 divides by the sum; copy-out writes the block of ``O``. A q block whose keys
 fit one kv block has nothing to rescale: its one step is a plain softmax,
-computed in place by torch's fused softmax (one op instead of four passes). All batch x heads are
-processed at once as batched ops; the working set is counted per (batch,
-head), which is what one core holds when cores split batch x heads.
+computed in place by torch's fused softmax (one op instead of four passes).
+All batch x heads are processed at once as batched ops; the working set is
+counted per (batch, head), which is what one core holds when cores split
+batch x heads.
 
 Working set per (batch, head): ``buffer_num * (block_q + 2 * block_kv) *
 head_dim * element size`` (Q, K, V queues) ``+ buffer_num * block_q *
