@@ -28,7 +28,12 @@ Progress = Callable[[int, float | None], None]
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How to search: strategy, budgets and measurement settings."""
+    """How to search: strategy, budgets and measurement settings.
+
+    ``seeds`` are configs measured right after the default, before anything
+    the strategy picks (a known good config gives the measurement's pruning
+    a good best from the start; invalid ones are skipped).
+    """
 
     strategy: str = "tpe"
     trials: int | None = 40
@@ -37,6 +42,7 @@ class TuneOptions:
     seed: int | None = 0
     validate_top: int = 5
     bench: BenchSettings = field(default_factory=BenchSettings)
+    seeds: tuple[Config, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,7 +169,7 @@ def tune(
     space = SearchSpace(
         knobs=spec.knob_values(shape),
         invalid_reason=lambda config: spec.invalid_reason(config, shape, dtype, limits),
-        seeds=[default],
+        seeds=[default, *options.seeds],
     )
     search = _search(space, options)
     bench = KernelBench(spec, shape, dtype, device, backend, options.bench)

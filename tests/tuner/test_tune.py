@@ -110,3 +110,13 @@ def test_fused_attention_acceptance_command_never_loses_to_the_default() -> None
     assert report.default is not None
     assert report.best.median_ms <= report.default.p90_ms
     assert report.default_config in [config for config, _ in report.validated]
+
+
+def test_seed_configs_are_measured_right_after_the_default() -> None:
+    spec = get_kernel("add")
+    seed = {"tile_size": 8192, "buffer_num": 1, "pipeline_depth": 1}
+    invalid = {"tile_size": 8192, "buffer_num": 1, "pipeline_depth": 2}  # depth 2 needs 2 buffers
+    options = TuneOptions(strategy="grid", bench=FAST, seeds=(invalid, seed))
+    report = tune(spec, {"n": 50_000}, "float32", get_device("cpu"), options)
+    assert [point.config for point in report.trace[:2]] == [report.default_config, seed]
+    assert report.counts["completed"] == report.space_size  # the grid still measures every valid config once
