@@ -132,8 +132,8 @@ def measure_key(kernel: str, shape: Shape, dtype: str, plan: Plan, seed: int) ->
     trials = max(8, math.floor(TUNE_FRACTION * space_size))
     tuned = tune(spec, shape, dtype, device, TuneOptions(trials=trials, seed=seed, bench=plan.tune_bench))
     # The tuned best goes first, so configs that cannot win are pruned from the start.
-    exhaustive = TuneOptions(strategy="grid", bench=plan.grid_bench, seeds=(tuned.best_config,))
-    grid = tune(spec, shape, dtype, device, exhaustive)
+    grid_options = TuneOptions(strategy="grid", bench=plan.grid_bench, seeds=(tuned.best_config,))
+    grid = tune(spec, shape, dtype, device, grid_options)
 
     bench = KernelBench(spec, shape, dtype, device, settings=plan.final_bench)
     same_config = tuned.best_config == grid.best_config

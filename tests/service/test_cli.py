@@ -206,14 +206,16 @@ def test_submit_bad_file_exits_2_before_sending(
     assert f"{path}: {field}" in err
 
 
-@pytest.mark.parametrize(("flag", "value"), [("--patience", "0"), ("--max-time", "-1"), ("--trials", "0")])
-def test_submit_bad_budget_flag_exits_2_naming_the_field(flag: str, value: str, cli: Cli) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [("--patience", "0", "patience"), ("--max-time", "-1", "max_time_s"), ("--trials", "0", "trials")],
+)
+def test_submit_bad_budget_flag_exits_2_naming_the_field(flag: str, value: str, field: str, cli: Cli) -> None:
     args = ("--kernel", "add", "--shape", "n=64", "--dtype", "float32", flag, value)
 
     status, out, err = cli("submit", *args, "--server", "http://127.0.0.1:9")  # never reached
 
     assert status == 2
-    field = {"--patience": "patience", "--max-time": "max_time_s", "--trials": "trials"}[flag]
     assert f"error: {field}: " in err, err
     assert out == ""
 
