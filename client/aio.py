@@ -17,9 +17,11 @@ from types import TracebackType
 
 import httpx
 
-from tiletune.client.core import JSON, ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.api import AsyncServiceApi
+from tiletune.client.calls import ApiError
+from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
-from tiletune.client.wire import ConfigBundle, LookupPublic
+from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
 
@@ -38,10 +40,8 @@ class AsyncConfigClient:
     ) -> None:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        timeout = httpx.Timeout(self.core.settings.timeout_s)
-        self._http = (
-            httpx.AsyncClient(base_url=url, headers=headers, timeout=timeout, transport=transport)
+        self._api = (
+            AsyncServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
             if url
             else None
         )
@@ -78,7 +78,7 @@ class AsyncConfigClient:
         known = core.exact_known(kernel, shape, dtype)
         if known is not None:
             return known, True
-        if self._http is not None and core.server_usable():
+        if self._api is not None and core.server_usable():
             answer = await self._ask_server(kernel, shape, dtype)
             if answer is not None:
                 tiling = core.from_server(answer)
@@ -87,38 +87,29 @@ class AsyncConfigClient:
         core.load_disk()
         local = core.from_known(kernel, shape, dtype, "disk")
         tiling = local if local is not None else core.default(kernel, shape, dtype)
-        return tiling, tiling.match == "exact" or core.prefetched or self._http is None
+        return tiling, tiling.match == "exact" or core.prefetched or self._api is None
 
     async def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | None:
-        assert self._http is not None
-        params = self.core.lookup_params(shape, dtype)
+        assert self._api is not None
         try:
-            response = await self._http.get(f"/v1/configs/{kernel}", params=params)
-        except httpx.HTTPError as error:
-            self.core.server_down(error)
-            return None
-        if response.status_code >= 500:
-            self.core.server_down(RuntimeError(f"HTTP {response.status_code}"))
+            answer = await self._api.send(self.core.lookup_call(kernel, shape, dtype))
+        except ApiError as error:
+            self.core.lookup_failed(error)
             return None
         self.core.server_up()
-        return LookupPublic.model_validate_json(response.content) if response.status_code == 200 else None
+        return answer
 
     async def prefetch(self, kernel: str | None = None) -> int:
         """Fill the cache with every config of this chip (or one kernel) in one request (as the sync one)."""
-        if self._http is None:
+        if self._api is None:
             self.core.load_disk()
             return 0
-        params = self.core.bulk_params(kernel)
         try:
-            response = await self._http.get(
-                "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as error:
+            bundle = await self._api.send(self.core.bulk_call(kernel))
+        except ApiError as error:
             self.core.server_down(error)
             self.core.load_disk()
             return 0
-        bundle = ConfigBundle.model_validate_json(response.content)
         self.core.take_bundle(bundle)
         self.core.prefetched = True
         if self.core.disk is not None:
@@ -144,19 +135,17 @@ class AsyncConfigClient:
     async def flush_misses(self) -> bool:
         """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
         misses = self.core.take_misses()
-        if misses is None or self._http is None:
+        if misses is None or self._api is None:
             return misses is None
         try:
-            response = await self._http.post(
-                "/v1/misses", content=misses.model_dump_json(), headers=JSON, timeout=5.0
-            )
-        except httpx.HTTPError as error:
-            response = None
-            log.info("tiletune client: miss report failed (%s); kept for the next one", error)
-        return self.core.reported(misses, response.status_code if response is not None else None)
+            await self._api.send(self.core.misses_call(misses))
+        except ApiError as error:
+            self.core.report_failed(misses, error)
+            return False
+        return True
 
     def _start_reporter(self) -> None:
-        if self._reporting or self._http is None or self._closed:
+        if self._reporting or self._api is None or self._closed:
             return
         self._reporting = True
         self._tasks.append(
@@ -187,8 +176,8 @@ class AsyncConfigClient:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.flush_misses()
-        if self._http is not None:
-            await self._http.aclose()
+        if self._api is not None:
+            await self._api.close()
 
     async def __aenter__(self) -> AsyncConfigClient:
         return self

@@ -17,8 +17,15 @@ No network I/O here (the clients do it); the rules:
   other software is used and marked ``stale`` with the differences.
 - Nearest and default answers are counted as misses, reported later in
   batches by the client, off the launch path.
-- The server is backed off after a failure: ``backoff_s``, doubling up to
-  ``max_backoff_s``; one success resets it.
+- The server is backed off after a failure (no answer, 5xx, an answer that is not the
+  API's): ``backoff_s``, doubling up to ``max_backoff_s``; one success resets it.
+- The default config and the kernel version this process runs come from the callables in
+  :class:`ClientSettings` (``tiletune.kernels.client_settings()`` hands over the installed
+  kernels'); without them the default is ``{}`` (the launcher then applies the kernel's own
+  rule) and the version is the server's.
+
+The requests are built here as :class:`~tiletune.client.calls.Call` values; the clients
+send them through :mod:`tiletune.client.api`.
 """
 
 from __future__ import annotations
@@ -33,19 +40,33 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Literal
 
+from tiletune.client import calls
+from tiletune.client.calls import ApiError, Call, ServerRefusedError
 from tiletune.client.chip import detect_chip, software_fingerprint
 from tiletune.client.disk import DiskCache, default_cache_dir
 from tiletune.client.known import KnownConfigs
-from tiletune.client.wire import BestConfigPublic, ConfigBundle, LookupPublic, MissesCreate, MissReport
+from tiletune.client.wire import (
+    BestConfigPublic,
+    ConfigBundle,
+    LookupPublic,
+    Match,
+    MissesCreate,
+    MissesPublic,
+    MissReport,
+    shape_text,
+)
 
 log = logging.getLogger("tiletune.client")
 
-Match = Literal["exact", "nearest", "default"]
 MissMatch = Literal["nearest", "default"]
 MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
+#: The default config of (kernel, shape, dtype, chip name); may raise (the client falls back to ``{}``).
+DefaultRule = Callable[[str, Mapping[str, int], str, str], Mapping[str, int]]
+#: The version of a kernel this process runs, ``None`` when it does not know the kernel.
+KernelVersion = Callable[[str], "int | None"]
 
-#: Headers of a JSON request body.
-JSON = {"Content-Type": "application/json"}
+#: Seconds a miss report may take (it runs off the launch path).
+MISS_REPORT_TIMEOUT_S = 5.0
 
 #: Keys with misses kept between reports at most (the oldest are dropped beyond).
 MAX_PENDING_MISSES = 10_000
@@ -77,8 +98,9 @@ class ClientSettings:
 
     ``timeout_s`` bounds one request on the launch path (connect included);
     ``prefetch_timeout_s`` the bulk request. ``cache_dir`` ``None`` turns the
-    disk cache off. ``kernel_versions`` pins the versions this process runs
-    (default: from ``tiletune.kernels`` when it is installed, else the server's).
+    disk cache off. ``kernel_versions`` pins the versions this process runs;
+    ``kernel_version`` and ``default_rule`` are handed over by ``tiletune.kernels``
+    (``client_settings()``); see the module docstring.
     """
 
     timeout_s: float = 0.25
@@ -90,6 +112,8 @@ class ClientSettings:
     recheck_s: float = 60.0
     refresh_s: float | None = None
     kernel_versions: Mapping[str, int] | None = None
+    kernel_version: KernelVersion | None = None
+    default_rule: DefaultRule | None = None
 
 
 class ClientCore:
@@ -167,7 +191,7 @@ class ClientCore:
         pinned = self.settings.kernel_versions
         if pinned is not None and kernel in pinned:
             return pinned[kernel]
-        installed = _installed_version(kernel)
+        installed = self._installed_version(kernel)
         if installed is not None:
             return installed
         info = self.known.kernels.get(kernel)
@@ -207,11 +231,25 @@ class ClientCore:
         self.known.add([answer.best])
         return self.tiling(answer.best, answer.match, "server", config=answer.config)
 
+    def _installed_version(self, kernel: str) -> int | None:
+        rule = self.settings.kernel_version
+        if rule is None:
+            return None
+        try:
+            return rule(kernel)
+        except Exception:  # never break the caller
+            return None
+
     def default(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
-        """The kernel's built-in rule for this chip (``{}`` when the kernel's code is not installed)."""
-        return Tiling(
-            kernel, MappingProxyType(_default_config(kernel, shape, dtype, self.chip)), "default", "default"
-        )
+        """The kernel's built-in rule for this chip (``{}`` when no rule was handed over or it failed)."""
+        config: dict[str, int] = {}
+        rule = self.settings.default_rule
+        if rule is not None:
+            try:
+                config = dict(rule(kernel, shape, dtype, self.chip))
+            except Exception as error:  # never break the caller: unknown kernel, bad shape, ...
+                log.warning("no default config for %s %s: %s", kernel, dict(shape), error)
+        return Tiling(kernel, MappingProxyType(config), "default", "default")
 
     def tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
         """An answer from an entry, marked stale when its software differs from ours."""
@@ -230,14 +268,34 @@ class ClientCore:
 
     # -- requests and bundles ------------------------------------------------------------------
 
-    def lookup_params(self, shape: Mapping[str, int], dtype: str) -> dict[str, str]:
-        """Query of ``GET /v1/configs/{kernel}``: exact, else the server's nearest (adapted to the shape)."""
-        shape_text = ",".join(f"{k}={v}" for k, v in shape.items())
-        return {"shape": shape_text, "dtype": dtype, "chip": self.chip, "match": "nearest"}
+    def lookup_call(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Call[LookupPublic]:
+        """The server lookup of a key: exact, else the server's nearest (adapted to the shape)."""
+        return calls.lookup(
+            kernel,
+            shape=shape_text(dict(shape)),
+            dtype=dtype,
+            chip=self.chip,
+            match="nearest",
+            timeout_s=self.settings.timeout_s,
+        )
 
-    def bulk_params(self, kernel: str | None) -> dict[str, str]:
-        """Query of ``GET /v1/configs``: this chip, optionally one kernel."""
-        return {"chip": self.chip, **({"kernel": kernel} if kernel else {})}
+    def bulk_call(self, kernel: str | None) -> Call[ConfigBundle]:
+        """The bulk export of this chip's configs (optionally one kernel's)."""
+        return calls.configs(self.chip, kernel, self.settings.prefetch_timeout_s)
+
+    @staticmethod
+    def misses_call(misses: MissesCreate) -> Call[MissesPublic]:
+        """The report of a batch of misses."""
+        return calls.report_misses(misses, MISS_REPORT_TIMEOUT_S)
+
+    def lookup_failed(self, error: ApiError) -> bool:
+        """Account for a failed lookup: ``True`` when the server is away (backed off), ``False`` when
+        it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know)."""
+        if isinstance(error, ServerRefusedError) and error.status < 500:
+            self.server_up()
+            return False
+        self.server_down(error)
+        return True
 
     def take_bundle(self, bundle: ConfigBundle) -> int:
         """Add a bundle's entries to what is known (the disk's first) and drop remembered answers."""
@@ -273,22 +331,20 @@ class ClientCore:
         ]
         return MissesCreate(misses=reports)
 
-    def reported(self, misses: MissesCreate, status: int | None) -> bool:
-        """Account for a report's answer (``None``: no answer): ``True`` when the server took it.
+    def report_failed(self, misses: MissesCreate, error: ApiError) -> None:
+        """Account for a report that failed.
 
-        A failure worth retrying (no answer, 5xx, 408, 429) keeps the misses for
-        the next report; a refusal (another 4xx) drops them, logged: sending the
-        same batch again would be refused again.
+        A failure worth retrying (no answer, 5xx, 408, 429, an answer that is not the API's)
+        keeps the misses for the next report; a refusal (another 4xx) drops them, logged:
+        sending the same batch again would be refused again.
         """
-        if status is not None and 200 <= status < 300:
-            return True
-        if status is not None and status < 500 and status not in (408, 429):
+        if isinstance(error, ServerRefusedError) and error.status < 500 and error.status not in (408, 429):
             log.warning(
-                "tiletune server refused a miss report (HTTP %d); %d keys dropped", status, len(misses.misses)
+                "tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses)
             )
-            return False
+            return
+        log.info("tiletune client: miss report failed (%s); kept for the next one", error)
         self.give_back(misses)
-        return False
 
     def give_back(self, misses: MissesCreate) -> None:
         """A report failed: count its misses again for the next one."""
@@ -296,32 +352,3 @@ class ClientCore:
             for miss in misses.misses:
                 key = (miss.kernel, tuple(miss.shape.items()), miss.dtype, miss.match)
                 self._misses[key] += miss.count
-
-
-def _installed_version(kernel: str) -> int | None:
-    """The version of ``kernel`` in this process's tiletune.kernels, if that is already imported."""
-    import sys
-
-    registry = sys.modules.get("tiletune.kernels")
-    if registry is None:
-        return None
-    try:
-        version: int = registry.get_kernel(kernel).version
-    except Exception:
-        return None
-    return version
-
-
-def _default_config(kernel: str, shape: Mapping[str, int], dtype: str, chip: str) -> dict[str, int]:
-    """The kernel's default config from its installed code; ``{}`` when that is impossible."""
-    try:
-        from tiletune.kernels import get_kernel
-        from tiletune.kernels.device import get_device
-
-        spec = get_kernel(kernel)
-        parsed = spec.parse_shape(dict(shape))
-        limits = get_device(chip.split("/", 1)[0]).chip.limits
-        return dict(spec.default_config(parsed, dtype, limits))
-    except Exception as error:  # never break the caller: no kernels installed, unknown kernel, ...
-        log.warning("no default config for %s %s: %s", kernel, dict(shape), error)
-        return {}

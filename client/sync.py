@@ -9,6 +9,7 @@
 ``get`` never raises and is a dict lookup once a key has been answered
 (:mod:`tiletune.client.core` has the rules). Misses are reported by a
 background thread; ``close()`` (or a ``with`` block) reports the last ones.
+Every request goes through :class:`~tiletune.client.api.ServiceApi`.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from types import TracebackType
 
 import httpx
 
-from tiletune.client.core import JSON, ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.api import ServiceApi
+from tiletune.client.calls import ApiError
+from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
-from tiletune.client.wire import ConfigBundle, LookupPublic
+from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
 
@@ -45,10 +48,10 @@ class ConfigClient:
     ) -> None:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        timeout = httpx.Timeout(self.core.settings.timeout_s)
-        self._http = (
-            httpx.Client(base_url=url, headers=headers, timeout=timeout, transport=transport) if url else None
+        self._api = (
+            ServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
+            if url
+            else None
         )
         self._stop = threading.Event()
         self._reporter: threading.Thread | None = None
@@ -85,7 +88,7 @@ class ConfigClient:
         known = core.exact_known(kernel, shape, dtype)
         if known is not None:
             return known, True
-        if self._http is not None and core.server_usable():
+        if self._api is not None and core.server_usable():
             answer = self._ask_server(kernel, shape, dtype)
             if isinstance(answer, LookupPublic):
                 tiling = core.from_server(answer)
@@ -94,24 +97,17 @@ class ConfigClient:
         core.load_disk()
         local = core.from_known(kernel, shape, dtype, "disk")
         tiling = local if local is not None else core.default(kernel, shape, dtype)
-        return tiling, tiling.match == "exact" or core.prefetched or self._http is None
+        return tiling, tiling.match == "exact" or core.prefetched or self._api is None
 
     def _ask_server(self, kernel: str, shape: Mapping[str, int], dtype: str) -> LookupPublic | bool | None:
         """The server's lookup; ``None`` when it has nothing; ``False`` when it could not be asked."""
-        assert self._http is not None
-        params = self.core.lookup_params(shape, dtype)
+        assert self._api is not None
         try:
-            response = self._http.get(f"/v1/configs/{kernel}", params=params)
-        except httpx.HTTPError as error:
-            self.core.server_down(error)
-            return False
-        if response.status_code >= 500:
-            self.core.server_down(RuntimeError(f"HTTP {response.status_code}"))
-            return False
+            answer = self._api.send(self.core.lookup_call(kernel, shape, dtype))
+        except ApiError as error:
+            return False if self.core.lookup_failed(error) else None
         self.core.server_up()
-        if response.status_code != 200:
-            return None
-        return LookupPublic.model_validate_json(response.content)
+        return answer
 
     # -- bulk ----------------------------------------------------------------------------------
 
@@ -122,20 +118,15 @@ class ConfigClient:
         0 (logged) when the server cannot be reached: the disk cache serves then.
         With ``settings.refresh_s``, a background thread prefetches again that often.
         """
-        if self._http is None:
+        if self._api is None:
             self.core.load_disk()
             return 0
-        params = self.core.bulk_params(kernel)
         try:
-            response = self._http.get(
-                "/v1/configs", params=params, timeout=self.core.settings.prefetch_timeout_s
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as error:
+            bundle = self._api.send(self.core.bulk_call(kernel))
+        except ApiError as error:
             self.core.server_down(error)
             self.core.load_disk()
             return 0
-        bundle = ConfigBundle.model_validate_json(response.content)
         self.core.take_bundle(bundle)
         self.core.prefetched = True
         if self.core.disk is not None:
@@ -163,19 +154,17 @@ class ConfigClient:
     def flush_misses(self) -> bool:
         """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
         misses = self.core.take_misses()
-        if misses is None or self._http is None:
+        if misses is None or self._api is None:
             return misses is None
         try:
-            response = self._http.post(
-                "/v1/misses", content=misses.model_dump_json(), headers=JSON, timeout=5.0
-            )
-        except httpx.HTTPError as error:
-            response = None
-            log.info("tiletune client: miss report failed (%s); kept for the next one", error)
-        return self.core.reported(misses, response.status_code if response is not None else None)
+            self._api.send(self.core.misses_call(misses))
+        except ApiError as error:
+            self.core.report_failed(misses, error)
+            return False
+        return True
 
     def _start_reporter(self) -> None:
-        if self._reporter is None and self._http is not None and not self._stop.is_set():
+        if self._reporter is None and self._api is not None and not self._stop.is_set():
             self._reporter = threading.Thread(target=self._report_loop, name="tiletune-misses", daemon=True)
             self._reporter.start()
 
@@ -204,8 +193,8 @@ class ConfigClient:
             if thread is not None:
                 thread.join(timeout=10)
         self.flush_misses()
-        if self._http is not None:
-            self._http.close()
+        if self._api is not None:
+            self._api.close()
 
     def __enter__(self) -> ConfigClient:
         return self

@@ -6,22 +6,70 @@ Names follow FastAPI's full-stack template: ``*Create`` is what a caller sends,
 ``{name: int}`` mappings; a shape's canonical string (dims in the spec's
 order, ``batch=1,heads=8,...``) is part of every key.
 
+Compatibility: what a caller sends (``*Create`` and the other request bodies, based on
+``_Request``) is strict and refuses unknown fields; what the server answers (``*Public``
+and the documents inside them, based on ``_Response``) ignores fields it does not know,
+so clients and workers of an older release keep working against a newer server. A field
+is added, never renamed.
+
+The vocabularies (job states, sweep states, strategies, match kinds, dtypes, device
+kinds) and the shape text format (:func:`parse_dims`) are defined here once; every other
+module imports them.
+
 Imports pydantic and the standard library only (the client's install is tiny).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from enum import StrEnum
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 Shape = dict[str, int]
 Config = dict[str, int]
 
-STRATEGIES = ("tpe", "random", "grid")
-JOB_STATES = ("queued", "running", "validating", "done", "failed", "cancelled", "skipped")
-MATCH_KINDS = ("exact", "nearest", "default")
+
+class JobState(StrEnum):
+    """Where a job is in its life; the transitions are :mod:`tiletune.service.lifecycle`'s table."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    VALIDATING = "validating"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+#: Every job state, in life order.
+JOB_STATES = tuple(state.value for state in JobState)
+#: States of a job that still has work to do; every other state is final.
+LIVE_JOB_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.VALIDATING)
+#: Final states.
+FINAL_JOB_STATES = tuple(state for state in JobState if state not in LIVE_JOB_STATES)
+
+
+class SweepState(StrEnum):
+    """A sweep is ``running`` while any of its jobs is live, then ``finished``."""
+
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+Strategy = Literal["tpe", "random", "grid"]
+#: Search strategies: ``tpe`` (model-guided), ``random``, ``grid`` (every valid config).
+STRATEGIES: tuple[str, ...] = get_args(Strategy)
+
+Match = Literal["exact", "nearest", "default"]
+#: How a lookup was answered, strictest first: tuned key, nearest tuned shape, the default rule.
+MATCH_KINDS: tuple[str, ...] = get_args(Match)
+
+#: Element types of kernel inputs.
+DTYPES = ("float32", "float16", "bfloat16")
+#: Device kinds a worker measures on (``auto``: the first one present of npu, cuda, cpu).
+DEVICE_KINDS = ("cpu", "cuda", "npu")
 
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
@@ -30,11 +78,52 @@ MAX_ASK = 64
 ANY_CHIP = "*"
 
 
-class _Wire(BaseModel):
+class ShapeTextError(ValueError):
+    """A shape text that is not ``name=value`` pairs; ``field`` names the part at fault."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+def parse_dims(text: str) -> dict[str, object]:
+    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}``; raises :class:`ShapeTextError` on bad syntax."""
+    dims: dict[str, object] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = part.partition("=")
+        name = name.strip()
+        if not sep or not name:
+            raise ShapeTextError("shape", f"expected name=value pairs separated by commas, got {part!r}")
+        if name in dims:
+            raise ShapeTextError(f"shape.{name}", "given twice")
+        try:
+            dims[name] = int(value)
+        except ValueError:
+            raise ShapeTextError(f"shape.{name}", f"must be an integer, got {value.strip()!r}") from None
+    if not dims:
+        raise ShapeTextError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
+    return dims
+
+
+def shape_text(shape: dict[str, int]) -> str:
+    """The text form of a shape, dims in the given order: ``{"m": 64}`` -> ``"m=64"``."""
+    return ",".join(f"{name}={value}" for name, value in shape.items())
+
+
+class _Request(BaseModel):
+    """A body a caller sends: unknown fields are refused (a typo is an error, not a default)."""
+
     model_config = ConfigDict(extra="forbid")
 
 
-class ErrorBody(_Wire):
+class _Response(BaseModel):
+    """A document the server answers: unknown fields are ignored (a newer server may add some)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class ErrorBody(_Response):
     """Every error response: a stable ``code``, a human ``message``, the offending ``field`` if any."""
 
     code: str
@@ -45,7 +134,7 @@ class ErrorBody(_Wire):
 # -- measurements --------------------------------------------------------------------------------
 
 
-class MeasurementWire(_Wire):
+class MeasurementWire(_Request):
     """Statistics of repeated timed runs of one config, in milliseconds."""
 
     median_ms: float = Field(gt=0)
@@ -59,14 +148,14 @@ class MeasurementWire(_Wire):
 # -- sweeps and jobs -------------------------------------------------------------------------------
 
 
-class SweepKernel(_Wire):
+class SweepKernel(_Request):
     """One kernel of a sweep and the shapes to tune it for."""
 
     kernel: str = Field(min_length=1, max_length=64)
     shapes: list[Shape] = Field(min_length=1, max_length=1000)
 
 
-class SweepCreate(_Wire):
+class SweepCreate(_Request):
     """A tuning sweep: one job per (kernel, shape, dtype, chip).
 
     Kernels and shapes come as ``kernel`` + ``shapes`` (one kernel), as
@@ -87,7 +176,7 @@ class SweepCreate(_Wire):
     dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1, max_length=3)
     chips: list[str] = Field(default_factory=list, max_length=64)
     backend: str | None = Field(default=None, description="implementation; default: the kernel's first")
-    strategy: Literal["tpe", "random", "grid"] = "tpe"
+    strategy: Strategy = "tpe"
     trials: int = Field(default=40, ge=1, le=10_000)
     max_time_s: float | None = Field(default=None, gt=0)
     patience: int | None = Field(default=None, ge=1)
@@ -119,7 +208,7 @@ class SweepCreate(_Wire):
         return single + list(self.kernels)
 
 
-class JobProgress(_Wire):
+class JobProgress(_Response):
     """How far a job is: trials by outcome, best time so far, speedup over the default."""
 
     completed: int = 0
@@ -132,7 +221,7 @@ class JobProgress(_Wire):
     speedup_vs_default: float | None = None
 
 
-class JobPublic(_Wire):
+class JobPublic(_Response):
     """One job: the tuning of one (kernel, shape, dtype, chip target)."""
 
     id: int
@@ -156,7 +245,7 @@ class JobPublic(_Wire):
     updated_at: datetime
 
 
-class SweepPublic(_Wire):
+class SweepPublic(_Response):
     """A sweep with its jobs and their states."""
 
     id: int
@@ -171,7 +260,7 @@ class SweepPublic(_Wire):
 # -- workers and leases ----------------------------------------------------------------------------
 
 
-class ChipWire(_Wire):
+class ChipWire(_Request):
     """A chip as a worker reports it: identity and the limits constraints use."""
 
     name: str = Field(min_length=1, max_length=200)
@@ -181,7 +270,7 @@ class ChipWire(_Wire):
     alignment_bytes: int = Field(default=32, ge=1)
 
 
-class WorkerCreate(_Wire):
+class WorkerCreate(_Request):
     """A worker registering: its name, chip, backends, kernels and software fingerprint.
 
     ``kernels`` limits the jobs it leases (empty: any); ``kernel_versions``
@@ -196,7 +285,7 @@ class WorkerCreate(_Wire):
     software: dict[str, str | None] = Field(default_factory=dict)
 
 
-class WorkerPublic(_Wire):
+class WorkerPublic(_Response):
     """A registered worker."""
 
     id: int
@@ -207,13 +296,13 @@ class WorkerPublic(_Wire):
     last_seen_at: datetime
 
 
-class LeaseCreate(_Wire):
+class LeaseCreate(_Request):
     """A worker asking for a job its chip can run."""
 
     worker_id: int
 
 
-class LeasedJob(_Wire):
+class LeasedJob(_Response):
     """What a worker needs to run a job: the key, the backend and measurement settings."""
 
     id: int
@@ -225,7 +314,7 @@ class LeasedJob(_Wire):
     default_config: Config
 
 
-class LeasePublic(_Wire):
+class LeasePublic(_Response):
     """A lease: the fencing ``token`` every write under it carries, and its timing."""
 
     token: str
@@ -235,14 +324,14 @@ class LeasePublic(_Wire):
     heartbeat_s: float
 
 
-class Task(_Wire):
+class Task(_Response):
     """A config to measure under a lease; ``trial_id`` identifies it in ``tell``."""
 
     trial_id: int
     config: Config
 
 
-class AskPublic(_Wire):
+class AskPublic(_Response):
     """The answer to ``ask``.
 
     ``phase``: ``search`` (measure ``tasks`` one by one, then ``tell``);
@@ -256,7 +345,7 @@ class AskPublic(_Wire):
     validate_configs: list[Config] = Field(default_factory=list)
 
 
-class TrialOutcome(_Wire):
+class TrialOutcome(_Request):
     """The result of one task: a measurement, or the reason there is none.
 
     ``invalid``: the worker's constraints rejected the config without running
@@ -269,20 +358,20 @@ class TrialOutcome(_Wire):
     error: str | None = None
 
 
-class TellCreate(_Wire):
+class TellCreate(_Request):
     """Results of tasks; telling a trial again is counted once."""
 
     outcomes: list[TrialOutcome] = Field(min_length=1, max_length=1000)
 
 
-class TellPublic(_Wire):
+class TellPublic(_Response):
     """How many outcomes were new and how many repeated an earlier tell."""
 
     accepted: int
     repeated: int
 
 
-class ValidatedConfig(_Wire):
+class ValidatedConfig(_Request):
     """One config of the final interleaved validation run."""
 
     config: Config
@@ -290,13 +379,13 @@ class ValidatedConfig(_Wire):
     error: str | None = None
 
 
-class CompleteCreate(_Wire):
+class CompleteCreate(_Request):
     """The validation run of a job's top configs (and its default), measured interleaved."""
 
     results: list[ValidatedConfig] = Field(min_length=1, max_length=64)
 
 
-class ReleaseCreate(_Wire):
+class ReleaseCreate(_Request):
     """A worker giving a lease back (shutting down, or unable to run the job) and why."""
 
     reason: str = Field(default="released", max_length=2000)
@@ -306,7 +395,7 @@ class ReleaseCreate(_Wire):
 # -- configs ---------------------------------------------------------------------------------------
 
 
-class BestConfigPublic(_Wire):
+class BestConfigPublic(_Response):
     """The promoted best config of one key, with its measurement and provenance."""
 
     kernel: str
@@ -326,7 +415,7 @@ class BestConfigPublic(_Wire):
     promoted_at: datetime
 
 
-class LookupPublic(_Wire):
+class LookupPublic(_Response):
     """A single-key lookup: the config to use and how it was found.
 
     ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
@@ -339,11 +428,11 @@ class LookupPublic(_Wire):
     dtype: str
     chip: str
     config: Config
-    match: Literal["exact", "nearest", "default"]
+    match: Match
     best: BestConfigPublic | None = None
 
 
-class KernelInfo(_Wire):
+class KernelInfo(_Response):
     """What a client needs to know of a kernel to pick among tuned shapes without the kernel's code.
 
     ``dims`` in the spec's order; ``categorical`` dims select a variant (never
@@ -357,7 +446,7 @@ class KernelInfo(_Wire):
     knobs: list[str] = Field(default_factory=list)
 
 
-class ConfigBundle(_Wire):
+class ConfigBundle(_Response):
     """Bulk export / import of best configs (one chip, optionally one kernel), with the kernels' info."""
 
     format: Literal["tiletune.configs/1"] = "tiletune.configs/1"
@@ -367,7 +456,7 @@ class ConfigBundle(_Wire):
     configs: list[BestConfigPublic]
 
 
-class HistoryPoint(_Wire):
+class HistoryPoint(_Response):
     """One promotion of a key: when, what, how fast, on which software."""
 
     promoted_at: datetime
@@ -380,7 +469,7 @@ class HistoryPoint(_Wire):
     job_id: int | None
 
 
-class TrialPublic(_Wire):
+class TrialPublic(_Response):
     """One trial of a job: a searched config (``number`` set) or a validation run, and its outcome."""
 
     id: int
@@ -400,7 +489,7 @@ class TrialPublic(_Wire):
 # -- misses: shapes clients asked for that nobody tuned ---------------------------------------------
 
 
-class MissReport(_Wire):
+class MissReport(_Request):
     """A key a client answered with ``nearest`` or ``default``, and how often since its last report."""
 
     kernel: str = Field(min_length=1, max_length=64)
@@ -411,13 +500,13 @@ class MissReport(_Wire):
     count: int = Field(default=1, ge=1)
 
 
-class MissesCreate(_Wire):
+class MissesCreate(_Request):
     """A batch of misses from one client (sent off the launch path)."""
 
     misses: list[MissReport] = Field(min_length=1, max_length=10_000)
 
 
-class MissPublic(_Wire):
+class MissPublic(_Response):
     """A key's miss count on the server and the job queued for it, if any."""
 
     kernel: str
@@ -431,7 +520,7 @@ class MissPublic(_Wire):
     last_seen_at: datetime
 
 
-class MissesPublic(_Wire):
+class MissesPublic(_Response):
     """What a batch of misses did: keys counted, jobs queued by the server's policy."""
 
     accepted: int

@@ -15,6 +15,7 @@ with runtime clients so both name chips alike); never tiletune.tuner,
 tiletune.service or other client internals.
 """
 
+from tiletune.kernels.defaults import client_settings
 from tiletune.kernels.launcher import ConfigSource, Selection, launch, select_config, tiled
 from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import Config, DeviceLimits, Dim, KernelSpec, Knob, Shape
@@ -29,6 +30,7 @@ __all__ = [
     "Selection",
     "Shape",
     "all_kernels",
+    "client_settings",
     "get_kernel",
     "launch",
     "select_config",

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 
 from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name, software_fingerprint
+from tiletune.client.wire import DEVICE_KINDS
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
 from tiletune.kernels.spec import DeviceLimits
 
@@ -43,8 +44,6 @@ __all__ = [
     "get_device",
     "software_fingerprint",
 ]
-
-DEVICE_KINDS = ("cpu", "cuda", "npu")
 
 #: Unified buffer per AI core and queue-buffer limit by Ascend SoC family (published
 #: figures); read at run time where the platform reports it, this table otherwise.

@@ -34,16 +34,16 @@ from types import MappingProxyType
 
 import torch
 
+from tiletune.client import wire
 from tiletune.kernels.errors import ConfigError, DTypeError, ShapeError
 
 Shape = dict[str, int]
 Config = dict[str, int]
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+#: The torch dtype of each of the wire's dtype names.
+DTYPES: dict[str, torch.dtype] = dict(
+    zip(wire.DTYPES, (torch.float32, torch.float16, torch.bfloat16), strict=True)
+)
 
 #: The largest product of a shape's dims a caller may ask for (guards memory).
 MAX_SHAPE_ELEMENTS = 1 << 34
@@ -71,21 +71,14 @@ def element_size(dtype: str) -> int:
 
 
 def parse_dims(text: str) -> dict[str, object]:
-    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}``; raises :class:`ShapeError` on bad syntax."""
-    dims: dict[str, object] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        name, sep, value = part.partition("=")
-        if not sep or not name.strip():
-            raise ShapeError("shape", f"expected name=value pairs separated by commas, got {part!r}")
-        if name.strip() in dims:
-            raise ShapeError(f"shape.{name.strip()}", "given twice")
-        try:
-            dims[name.strip()] = int(value)
-        except ValueError:
-            raise ShapeError(f"shape.{name.strip()}", f"must be an integer, got {value.strip()!r}") from None
-    if not dims:
-        raise ShapeError("shape", "is empty; give name=value pairs such as m=64,n=64,k=64")
-    return dims
+    """``"m=64,n=32"`` -> ``{"m": 64, "n": 32}`` (:func:`tiletune.client.wire.parse_dims`).
+
+    Raises :class:`ShapeError` on bad syntax.
+    """
+    try:
+        return wire.parse_dims(text)
+    except wire.ShapeTextError as error:
+        raise ShapeError(error.field, error.reason) from None
 
 
 def expect_inputs(kernel: str, inputs: Sequence[torch.Tensor], names: Sequence[str]) -> None:

@@ -32,7 +32,7 @@ def pip_install(source: Path, target: Path) -> Path:
 def tiletune(plugin_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(plugin_path)}
     return subprocess.run(
-        [sys.executable, "-m", "tiletune.tuner.cli", *args],
+        [sys.executable, "-m", "tiletune.service.cli", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -22,8 +22,9 @@ Guarantees:
   shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
   unexpected error.
 - Server away (connection errors, timeouts, 5xx): every call is retried with capped exponential
-  backoff (:class:`Backoff`), each failure logged; the worker never crashes for it. Retrying a
-  ``tell`` is safe: the server counts a trial once.
+  backoff (:class:`~tiletune.client.api.Backoff`, through the REST client's
+  :class:`~tiletune.client.api.Retry`), each failure logged; the worker never crashes for it.
+  Retrying a ``tell`` is safe: the server counts a trial once.
 - Lost lease (409 ``lease_lost`` on any lease call or heartbeat, or no successful renewal for
   ``lease_s``): the job is dropped at the next step, nothing more is written under that token,
   and the worker leases again. Outcomes measured but not told are lost; the server re-asks them.
@@ -34,6 +35,8 @@ Guarantees:
 - Refusal (401/403, or another 4xx where no job is at stake): :class:`WorkerRejectedError` is raised;
   it is a configuration error, and retrying would not help.
 
+Speaks HTTP only through :class:`~tiletune.client.api.ServiceApi`; the lease's heartbeats
+are :mod:`tiletune.tuner.heartbeat`'s, the outcomes' wire form :mod:`tiletune.tuner.outcome`'s.
 Imports httpx, pydantic (the wire schemas), tiletune.kernels and the bench harness; never
 Optuna, SQLAlchemy, FastAPI or tiletune.service, so a worker node needs none of them.
 """
@@ -42,42 +45,39 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any
 
 import httpx
-from pydantic import BaseModel, ValidationError
 
+from tiletune.client.api import Backoff, Retry, ServiceApi, StopRequestedError, http_client
+from tiletune.client.calls import (
+    ApiError,
+    LeaseLostError,
+    ServerRefusedError,
+    UnexpectedAnswerError,
+)
 from tiletune.client.wire import (
     MAX_ASK,
-    AskPublic,
     ChipWire,
-    CompleteCreate,
     Config,
-    ErrorBody,
-    LeaseCreate,
     LeasedJob,
     LeasePublic,
-    MeasurementWire,
-    ReleaseCreate,
     Task,
-    TellCreate,
-    TellPublic,
     TrialOutcome,
-    ValidatedConfig,
     WorkerCreate,
-    WorkerPublic,
 )
 from tiletune.kernels.device import Device, get_device, software_fingerprint
 from tiletune.kernels.errors import InputError, UnknownKernelError
 from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import torch_dtype
-from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.bench import BenchSettings, KernelBench
+from tiletune.tuner.heartbeat import Heartbeat
+from tiletune.tuner.outcome import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
 
@@ -90,290 +90,14 @@ LEASE_LOST_CODE = "lease_lost"
 
 Sleep = Callable[[float], object]
 Clock = Callable[[], float]
-_Model = TypeVar("_Model", bound=BaseModel)
-
-
-# -- errors ----------------------------------------------------------------------------------------
 
 
 class WorkerRejectedError(RuntimeError):
     """The server refuses this worker (bad token, rejected registration): retrying will not help."""
 
 
-class LeaseLostError(Exception):
-    """The lease ended (expired, taken over, job cancelled): write nothing more under its token."""
-
-
-class RequestRejectedError(Exception):
-    """The server answered a 4xx other than ``lease_lost``, or a body that is not the schema."""
-
-    def __init__(self, path: str, status: int, error: ErrorBody | None, text: str) -> None:
-        detail = f"{error.code}: {error.message}" if error else text[:300]
-        super().__init__(f"{path} answered {status} ({detail})")
-        self.status = status
-        self.error = error
-
-
-class ServerUnreachableError(Exception):
-    """The server stayed unreachable (or 5xx) for all the attempts a call was allowed."""
-
-
-class StopRequestedError(Exception):
-    """:meth:`Worker.stop` was called while a call was waiting for the server."""
-
-
 class UnsupportedJobError(Exception):
     """This worker cannot run the leased job; the message says why."""
-
-
-# -- backoff ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Capped exponential backoff: ``initial_s · factor^attempt``, at most ``max_s``.
-
-    ``jitter`` shortens each delay by a random fraction up to it (never lengthens
-    it), so a fleet of workers does not reconnect in lockstep after an outage.
-    """
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    factor: float = 2.0
-    jitter: float = 0.1
-
-    def delay_s(self, attempt: int) -> float:
-        """The delay before retry number ``attempt + 1`` (``attempt`` counts from 0)."""
-        capped = min(self.max_s, self.initial_s * self.factor ** min(attempt, 64))
-        return capped * (1.0 - self.jitter * random.random())
-
-
-# -- the protocol's calls --------------------------------------------------------------------------
-
-
-class ServerApi:
-    """Typed calls of the worker protocol over an ``httpx.Client`` (its ``base_url`` is the server).
-
-    A call that meets a transport error or a 5xx is retried with ``backoff``
-    until it succeeds, ``attempts`` are spent (:class:`ServerUnreachableError`), or, for
-    unbounded calls, ``stopping`` is set (:class:`StopRequestedError`). 409 ``lease_lost``
-    raises :class:`LeaseLostError`; any other 4xx :class:`RequestRejectedError`.
-    """
-
-    def __init__(self, http: httpx.Client, backoff: Backoff, sleep: Sleep, stopping: threading.Event) -> None:
-        self._http = http
-        self._backoff = backoff
-        self._sleep = sleep
-        self._stopping = stopping
-
-    def register(self, body: WorkerCreate) -> WorkerPublic:
-        """``POST /v1/workers``."""
-        return _parse(WorkerPublic, self._post("/v1/workers", body))
-
-    def lease(self, worker_id: int) -> LeasePublic | None:
-        """``POST /v1/leases``: a lease, or None when there is no job for this worker now."""
-        response = self._post("/v1/leases", LeaseCreate(worker_id=worker_id))
-        return None if response.status_code == 204 else _parse(LeasePublic, response)
-
-    def heartbeat(self, token: str) -> LeasePublic:
-        """``POST /v1/leases/{token}/heartbeat``, one attempt (the heartbeat thread is the retry)."""
-        return _parse(LeasePublic, self._post(f"/v1/leases/{token}/heartbeat", None, attempts=1))
-
-    def ask(self, token: str, n: int) -> AskPublic:
-        """``POST /v1/leases/{token}/ask?n=``."""
-        return _parse(AskPublic, self._post(f"/v1/leases/{token}/ask", None, params={"n": n}))
-
-    def tell(self, token: str, outcomes: Sequence[TrialOutcome]) -> TellPublic:
-        """``POST /v1/leases/{token}/tell``; idempotent, so retrying is safe."""
-        body = TellCreate(outcomes=list(outcomes))
-        return _parse(TellPublic, self._post(f"/v1/leases/{token}/tell", body))
-
-    def complete(self, token: str, results: Sequence[ValidatedConfig]) -> None:
-        """``POST /v1/leases/{token}/complete``."""
-        self._post(f"/v1/leases/{token}/complete", CompleteCreate(results=list(results)))
-
-    def release(self, token: str, reason: str, failed: bool, attempts: int | None = None) -> None:
-        """``POST /v1/leases/{token}/release``."""
-        body = ReleaseCreate(reason=reason[:2000], failed=failed)
-        self._post(f"/v1/leases/{token}/release", body, attempts=attempts)
-
-    def _post(
-        self,
-        path: str,
-        body: BaseModel | None,
-        *,
-        params: dict[str, int] | None = None,
-        attempts: int | None = None,
-    ) -> httpx.Response:
-        failures = 0
-        while True:
-            answer = self._try_post(path, body, params)
-            if isinstance(answer, httpx.Response):
-                if failures:
-                    logger.info("server answers again (%s, after %d failed attempts)", path, failures)
-                return _checked(path, answer)
-            failures += 1
-            if attempts is not None and failures >= attempts:
-                raise ServerUnreachableError(f"{path}: {answer}")
-            delay_s = self._backoff.delay_s(failures - 1)
-            logger.warning("server away: %s: %s; retry %d in %.1f s", path, answer, failures, delay_s)
-            self._sleep(delay_s)
-            if attempts is None and self._stopping.is_set():
-                raise StopRequestedError(path)
-
-    def _try_post(
-        self, path: str, body: BaseModel | None, params: dict[str, int] | None
-    ) -> httpx.Response | str:
-        """The response (below 500), or what went wrong as text."""
-        payload = body.model_dump(mode="json") if body is not None else None
-        try:
-            response = self._http.post(path, json=payload, params=params)
-        except httpx.TransportError as error:
-            return f"{type(error).__name__}: {error}"
-        if response.status_code >= 500:
-            return f"HTTP {response.status_code}: {response.text[:200]}"
-        return response
-
-
-def _error_body(response: httpx.Response) -> ErrorBody | None:
-    try:
-        return ErrorBody.model_validate(response.json())
-    except ValueError:  # not JSON, or not an ErrorBody (ValidationError is a ValueError)
-        return None
-
-
-def _checked(path: str, response: httpx.Response) -> httpx.Response:
-    """``response`` if 2xx; 409 lease_lost: :class:`LeaseLostError`; else :class:`RequestRejectedError`."""
-    if response.is_success:
-        return response
-    error = _error_body(response)
-    if response.status_code == 409 and error is not None and error.code == LEASE_LOST_CODE:
-        raise LeaseLostError(error.message)
-    raise RequestRejectedError(path, response.status_code, error, response.text)
-
-
-def _parse(model: type[_Model], response: httpx.Response) -> _Model:
-    try:
-        return model.model_validate(response.json())
-    except ValueError as error:
-        path = response.request.url.path
-        raise RequestRejectedError(
-            path, response.status_code, None, f"not a {model.__name__}: {error}"
-        ) from None
-
-
-# -- heartbeats ------------------------------------------------------------------------------------
-
-
-class Heartbeat:
-    """Renews one lease from a daemon thread every ``heartbeat_s`` until stopped or lost.
-
-    A failed heartbeat (server away) is retried at the next beat; a 409
-    ``lease_lost`` ends the thread. :meth:`check` raises :class:`LeaseLostError` once
-    the server said so, or when no renewal succeeded for ``lease_s`` (the
-    server has expired the lease by then).
-    """
-
-    def __init__(self, api: ServerApi, lease: LeasePublic, clock: Clock) -> None:
-        self._api = api
-        self._lease = lease
-        self._clock = clock
-        self._renewed_at = clock()
-        self._lost: str | None = None
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-job-{lease.job.id}", daemon=True)
-
-    def start(self) -> None:
-        """Start beating."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop beating (waits briefly for a beat in flight; a late one is ignored)."""
-        self._done.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=1.0)
-
-    def check(self) -> None:
-        """Raise :class:`LeaseLostError` when the lease is known or presumed lost."""
-        if self._lost is not None:
-            raise LeaseLostError(self._lost)
-        silent_s = self._clock() - self._renewed_at
-        if silent_s > self._lease.lease_s:
-            raise LeaseLostError(
-                f"no heartbeat got through for {silent_s:.0f} s (lease_s {self._lease.lease_s})"
-            )
-
-    def _loop(self) -> None:
-        while not self._done.wait(self._lease.heartbeat_s):
-            if not self._beat():
-                return
-
-    def _beat(self) -> bool:
-        """One renewal; False once the lease is lost."""
-        try:
-            self._api.heartbeat(self._lease.token)
-        except LeaseLostError as lost:
-            self._lost = str(lost) or "the server ended the lease"
-            return False
-        except (ServerUnreachableError, RequestRejectedError) as error:
-            if not self._done.is_set():
-                logger.warning("job %d: heartbeat failed (%s)", self._lease.job.id, error)
-            return True
-        self._renewed_at = self._clock()
-        return True
-
-
-# -- measuring -------------------------------------------------------------------------------------
-
-
-def wire_measurement(measurement: Measurement) -> MeasurementWire:
-    """The wire form of a bench measurement (raises ``ValidationError`` for non-positive times)."""
-    return MeasurementWire(**measurement.as_dict())
-
-
-def outcome_of(trial_id: int, result: TrialResult) -> TrialOutcome:
-    """A bench result as the outcome of trial ``trial_id``: measurement, else invalid, else error."""
-    if result.measurement is not None:
-        try:
-            return TrialOutcome(trial_id=trial_id, measurement=wire_measurement(result.measurement))
-        except ValidationError:
-            return TrialOutcome(trial_id=trial_id, error=f"unusable measurement {result.measurement}")
-    if result.invalid is not None:
-        return TrialOutcome(trial_id=trial_id, invalid=result.invalid)
-    return TrialOutcome(trial_id=trial_id, error=result.error or "no measurement and no reason given")
-
-
-def _rejection(bench: KernelBench, config: Config) -> str | None:
-    """Why ``config`` cannot be timed (outside the space, invalid, wrong), or None."""
-    try:
-        bench.spec.parse_config(config, bench.shape)
-    except InputError as error:
-        return str(error)
-    verdict = bench.check(config)
-    return None if verdict is None else verdict.invalid or verdict.error or "rejected"
-
-
-def validated_results(bench: KernelBench, configs: Sequence[Config]) -> list[ValidatedConfig]:
-    """Check each config, then measure the good ones interleaved in one run; results in given order."""
-    rejections = [_rejection(bench, config) for config in configs]
-    runnable = [config for config, reason in zip(configs, rejections, strict=True) if reason is None]
-    measurements: list[Measurement] = []
-    try:
-        measurements = bench.compare(runnable) if runnable else []
-    except Exception as error:  # a crash of the interleaved run is a result, not a worker crash
-        failure = f"interleaved run failed: {type(error).__name__}: {error}"
-        rejections = [reason or failure for reason in rejections]
-    measured = iter(measurements)
-    results: list[ValidatedConfig] = []
-    for config, reason in zip(configs, rejections, strict=True):
-        if reason is not None:
-            results.append(ValidatedConfig(config=config, error=reason))
-            continue
-        try:
-            results.append(ValidatedConfig(config=config, measurement=wire_measurement(next(measured))))
-        except ValidationError as error:
-            results.append(ValidatedConfig(config=config, error=f"unusable measurement: {error}"))
-    return results
 
 
 # -- the worker ------------------------------------------------------------------------------------
@@ -433,7 +157,8 @@ class Worker:
             raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
         self._stopping = threading.Event()
         self._sleep: Sleep = sleep if sleep is not None else self._stopping.wait
-        self._api = ServerApi(http, backoff or Backoff(), self._sleep, self._stopping)
+        retry = Retry(backoff or Backoff(), stopping=self._stopping, sleep=self._sleep)
+        self._api = ServiceApi(http=http, retry=retry)
         self._device = device if device is not None else get_device(backend)
         self._bench_settings = bench or BenchSettings()
         self._clock = clock
@@ -441,6 +166,21 @@ class Worker:
         self.batch = batch
         self.name = name or f"{socket.gethostname()}-{os.getpid()}"
         self.worker_id: int | None = None
+
+    @classmethod
+    def connect(cls, url: str, token: str | None = None, **options: Any) -> Worker:
+        """A worker of the server at ``url`` (``token``: its bearer token); ``options`` as for the class."""
+        return cls(http_client(url, token), **options)
+
+    def close(self) -> None:
+        """Close the connections to the server."""
+        self._api.close()
+
+    def __enter__(self) -> Worker:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     @property
     def device(self) -> Device:
@@ -488,7 +228,7 @@ class Worker:
         """
         try:
             worker = self._api.register(self.registration())
-        except RequestRejectedError as error:
+        except (ServerRefusedError, UnexpectedAnswerError) as error:
             raise WorkerRejectedError(f"registration refused: {error}") from None
         self.worker_id = worker.id
         logger.info("worker %s registered as %d on %s", self.name, worker.id, worker.chip)
@@ -527,7 +267,9 @@ class Worker:
         assert self.worker_id is not None
         try:
             return self._api.lease(self.worker_id)
-        except RequestRejectedError as error:
+        except UnexpectedAnswerError as error:
+            raise WorkerRejectedError(f"lease refused: {error}") from None
+        except ServerRefusedError as error:
             if error.status != 404:
                 raise WorkerRejectedError(f"lease refused: {error}") from None
             logger.warning(
@@ -562,7 +304,7 @@ class Worker:
         except UnsupportedJobError as error:
             logger.warning("job %d: cannot run it here: %s", job_id, error)
             return _Release(f"worker {self.name} cannot run this job: {error}", failed=True)
-        except RequestRejectedError as error:
+        except (ServerRefusedError, UnexpectedAnswerError) as error:
             logger.error("job %d: %s", job_id, error)
             return _Release(f"server rejected the worker's request: {error}", failed=True)
         except Exception as error:  # a bug or a broken device must not kill the worker
@@ -576,7 +318,7 @@ class Worker:
         except LeaseLostError:
             logger.info("job %d: lease already ended on release", lease.job.id)
             return
-        except (RequestRejectedError, ServerUnreachableError) as error:
+        except ApiError as error:
             logger.warning("job %d: release failed (%s); the lease will expire", lease.job.id, error)
             return
         logger.info(

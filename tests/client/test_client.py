@@ -22,7 +22,7 @@ import torch
 
 from tiletune.client import AsyncConfigClient, ClientSettings, ConfigClient
 from tiletune.client.chip import software_fingerprint
-from tiletune.kernels import get_kernel, launch, select_config
+from tiletune.kernels import client_settings, get_kernel, launch, select_config
 from tiletune.kernels.device import get_device
 
 from .conftest import CHIP, LiveServer, free_port
@@ -45,7 +45,7 @@ class CountingTransport(httpx.HTTPTransport):
 def settings(tmp_path: Path, **overrides: object) -> ClientSettings:
     values: dict[str, object] = {"cache_dir": tmp_path / "cache", "timeout_s": 2.0, "miss_flush_s": 3600.0}
     values.update(overrides)
-    return ClientSettings(**values)  # type: ignore[arg-type]
+    return client_settings(**values)
 
 
 def default_of(kernel: str, shape: dict[str, int], dtype: str = "float32") -> dict[str, int]:

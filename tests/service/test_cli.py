@@ -35,11 +35,12 @@ from tests.service.processes import (
     stop,
     wait_for_health,
 )
+from tiletune.client.calls import ServerRefusedError
 from tiletune.client.wire import BestConfigPublic, ConfigBundle, JobPublic, LookupPublic, SweepPublic
 from tiletune.kernels.device import get_device
 from tiletune.kernels.spec import parse_dims
 from tiletune.service.cli import main
-from tiletune.service.remote import ServerRefusedError, service_api
+from tiletune.service.cli.options import service_api
 from tiletune.tuner.worker import Worker
 
 CHIP = get_device("cpu").chip.name

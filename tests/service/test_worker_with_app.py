@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fastapi.testclient import TestClient
 
@@ -51,21 +53,21 @@ def test_a_stopped_worker_releases_its_lease_and_the_job_goes_back_to_the_queue(
     worker = Worker(client, backend="cpu", bench=QUICK, name="stopper")
     # Stop the worker as its third outcome goes out (a SIGTERM at that moment).
     measured = 0
-    original_post = client.post
+    original_request = client.request
 
-    def post(url: str, **kwargs: object) -> object:
+    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
         nonlocal measured
         if url.endswith("/tell"):
             measured += 1
             if measured == 3:
                 worker.stop()
-        return original_post(url, **kwargs)
+        return original_request(method, url, **kwargs)
 
-    client.post = post
+    client.request = request  # type: ignore[method-assign]
     try:
         worker.run(once=True)
     finally:
-        client.post = original_post
+        client.request = original_request  # type: ignore[method-assign]
     job = client.get("/v1/jobs").json()[0]
     assert job["state"] == "queued"
     assert job["progress"]["completed"] == 3

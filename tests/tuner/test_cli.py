@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tiletune.tuner.cli import main
+from tiletune.service.cli import main
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

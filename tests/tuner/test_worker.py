@@ -18,23 +18,21 @@ from collections.abc import Callable
 import httpx
 import pytest
 
+from tiletune.client.api import Backoff
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import CpuDevice
+from tiletune.service.cli import main
+from tiletune.service.cli.local import REPLAY_DIR_ENV
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
-from tiletune.tuner.cli import REPLAY_DIR_ENV, main
+from tiletune.tuner.outcome import outcome_of, validated_results
 from tiletune.tuner.replay import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
-from tiletune.tuner.worker import (
-    STOP_REASON,
-    Backoff,
-    Worker,
-    WorkerRejectedError,
-    outcome_of,
-    validated_results,
-)
+from tiletune.tuner.worker import STOP_REASON, Worker, WorkerRejectedError
 
 #: Nothing listens on the discard port: connections are refused at once.
 UNREACHABLE = "http://127.0.0.1:9"
-FORBIDDEN_MODULES = ("optuna", "sqlalchemy", "fastapi", "tiletune.service")
+FORBIDDEN_MODULES = ("optuna", "sqlalchemy", "fastapi", "uvicorn", "alembic")
+#: The command line lives in tiletune.service.cli; nothing else of tiletune.service may load.
+COMMAND_LINE = ("tiletune.service", "tiletune.service.cli")
 QUICK = BenchSettings(warmup_runs=1, min_samples=3, max_samples=5, budget_s=0.01)
 
 
@@ -185,7 +183,7 @@ def test_sigterm_stops_the_worker_command_cleanly() -> None:
     command = [
         sys.executable,
         "-m",
-        "tiletune.tuner.cli",
+        "tiletune.service.cli",
         "worker",
         "--server",
         UNREACHABLE,
@@ -285,10 +283,17 @@ def _modules_after(code: str) -> list[str]:
     [
         "import tiletune.tuner.worker",
         # the whole `tiletune worker` command, up to its input check
-        "from tiletune.tuner.cli import main\nassert main(['worker']) == 2",
+        "from tiletune.service.cli import main\nassert main(['worker']) == 2",
     ],
 )
 def test_the_worker_imports_no_optuna_database_or_server(code: str) -> None:
     loaded = _modules_after(code)
     heavy = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in FORBIDDEN_MODULES)]
+    heavy += [
+        m
+        for m in loaded
+        if m.startswith("tiletune.service")
+        and m not in COMMAND_LINE
+        and not m.startswith(COMMAND_LINE[1] + ".")
+    ]
     assert heavy == []

@@ -1,11 +1,14 @@
-"""Running the service from the command line: the ``server`` and ``up`` commands.
+"""Running the service's processes: the ``server``, ``worker`` and ``up`` commands.
 
-Owns what it takes to run the API in this process: settings from the command line and
-``TILETUNE_*``, migrations (:func:`tiletune.service.migrate.upgrade`), binding the port,
+Owns what it takes to run the API or a worker in this process: settings from the command line
+and ``TILETUNE_*``, migrations (:func:`tiletune.service.migrate.upgrade`), binding the port,
 uvicorn, and stopping on SIGINT/SIGTERM.
 
 - ``server``: migrate the database, then serve the API with uvicorn (default
   ``127.0.0.1:8642``); prints one line with the URL.
+- ``worker``: lease jobs from a server and measure them on this machine until stopped
+  (:class:`~tiletune.tuner.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
+  gives the job back.
 - ``up``: the embedded all-in-one: SQLite, migrations, the server on a thread and one CPU
   :class:`~tiletune.tuner.worker.Worker` on another. Ctrl-C (or SIGTERM) stops the worker
   first (it finishes its trial and releases its lease), then the server. ``--submit FILE``
@@ -13,8 +16,9 @@ uvicorn, and stopping on SIGINT/SIGTERM.
   (:mod:`tiletune.service.follow`); ``--until-done`` then stops the same way and exits
   0, or 1 when a job failed.
 
-FastAPI, uvicorn, SQLAlchemy, Alembic and Optuna are imported inside the functions that
-need them, never when this module is imported: the entry point imports it for its parsers.
+FastAPI, uvicorn, SQLAlchemy, Alembic, Optuna, torch and the worker are imported inside the
+functions that need them, never when this module is imported: the entry point imports it for
+its parsers, on the base install too.
 """
 
 from __future__ import annotations
@@ -27,27 +31,36 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-import httpx
 from pydantic import ValidationError
 
-from tiletune.client.wire import ANY_CHIP, SweepCreate
-from tiletune.kernels.device import Device, get_device
-from tiletune.kernels.errors import InputError
-from tiletune.service.exits import EXIT_FAILURE, EXIT_INTERRUPTED, CommandFailedError
-from tiletune.service.follow import SweepFollower
-from tiletune.service.remote import POLL_S, ServiceApi, read_sweep_file
-from tiletune.tuner.worker import Worker
+from tiletune.client.api import ServiceApi
+from tiletune.client.wire import ANY_CHIP, DEVICE_KINDS, MAX_ASK, SweepCreate
+from tiletune.service.cli.follow import SweepFollower
+from tiletune.service.cli.options import (
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    BadInputError,
+    CommandFailedError,
+    Commands,
+    add_server_options,
+    server_token,
+    server_url,
+)
+from tiletune.service.cli.remote import POLL_S
+from tiletune.service.cli.sweepfile import read_sweep_file
 
 if TYPE_CHECKING:
     import uvicorn
 
+    from tiletune.kernels.device import Device
     from tiletune.service.settings import Settings
+    from tiletune.tuner.worker import Worker
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +87,7 @@ def _settings(db: str | None, optuna_db: str | None = None) -> Settings:
     except ValidationError as error:
         first = error.errors()[0]
         name = ".".join(str(part) for part in first["loc"])
-        raise InputError(name, f"{first['msg']} (from $TILETUNE_{name.upper()})") from None
+        raise BadInputError(name, f"{first['msg']} (from $TILETUNE_{name.upper()})") from None
 
 
 def _migrate(url: str) -> None:
@@ -86,7 +99,7 @@ def _migrate(url: str) -> None:
     try:
         upgrade(url)
     except ArgumentError as error:
-        raise InputError("db", f"not a usable database URL {_safe_url(url)!r}: {error}") from None
+        raise BadInputError("db", f"not a usable database URL {_safe_url(url)!r}: {error}") from None
     except SQLAlchemyError as error:
         reason = str(error).splitlines()[0]
         raise CommandFailedError(f"cannot migrate the database {_safe_url(url)}: {reason}") from None
@@ -106,7 +119,7 @@ def _safe_url(url: str) -> str:
 def _bind(host: str, port: int) -> socket.socket:
     """A socket bound to (host, port) for uvicorn; binding here makes a busy port a clear error."""
     if not 0 <= port <= 65535:
-        raise InputError("port", f"must be between 0 and 65535, got {port}")
+        raise BadInputError("port", f"must be between 0 and 65535, got {port}")
     # IPPROTO_TCP explicitly: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose protocol
     # says TCP; with the default 0, every response waited ~40 ms for the client's delayed ACK.
     sock = socket.socket(
@@ -126,14 +139,19 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+def _log_to_stderr() -> None:
+    """Log lines of ours (and uvicorn's) at INFO on stderr; httpx's one line per request is noise."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
 def _uvicorn_server(settings: Settings, host: str, port: int, access_log: bool) -> uvicorn.Server:
-    """A uvicorn server of the app; log lines of ours (and uvicorn's) at INFO on stderr."""
+    """A uvicorn server of the app."""
     import uvicorn
 
     from tiletune.service.app import create_app
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is uvicorn's to write
+    _log_to_stderr()
     config = uvicorn.Config(
         create_app(settings), host=host, port=port, lifespan="on", log_level="info", access_log=access_log
     )
@@ -153,25 +171,53 @@ def cmd_server(args: argparse.Namespace) -> None:
     server.run(sockets=[sock])
 
 
+# -- worker ---------------------------------------------------------------------------------------
+
+
+def cmd_worker(args: argparse.Namespace) -> None:
+    """Lease tuning jobs from a server and measure them on this machine until stopped."""
+    from tiletune.kernels.errors import DeviceUnavailableError
+    from tiletune.tuner.worker import Worker, WorkerRejectedError
+
+    if not 1 <= args.batch <= MAX_ASK:
+        raise BadInputError("batch", f"must be an integer from 1 to {MAX_ASK}, got {args.batch}")
+    url, token = server_url(args), server_token(args)
+    _log_to_stderr()
+    try:
+        worker = Worker.connect(url, token, backend=args.backend, name=args.name, batch=args.batch)
+    except DeviceUnavailableError as error:
+        raise BadInputError("backend", str(error)) from None
+    with worker, _stop_signals(worker.stop, "the worker after its current trial"):
+        try:
+            worker.run(once=args.once)
+        except WorkerRejectedError as error:
+            raise CommandFailedError(str(error)) from None
+
+
 # -- up -------------------------------------------------------------------------------------------
 
 
 @contextmanager
-def _stop_signals() -> Iterator[threading.Event]:
-    """An event set by the first SIGINT or SIGTERM; a second one acts as it would without us."""
-    stop = threading.Event()
+def _stop_signals(on_stop: Callable[[], object], what: str) -> Iterator[None]:
+    """The first SIGINT or SIGTERM calls ``on_stop``; a second one acts as it would without us.
+
+    Outside the main thread (signals cannot be handled there) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def handle(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s: stopping the worker, then the server", signal.Signals(signum).name)
-        stop.set()
+        log.info("received %s: stopping %s", signal.Signals(signum).name, what)
+        on_stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
     for sig in previous:
         signal.signal(sig, handle)
     try:
-        yield stop
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -203,7 +249,7 @@ def _check_chips(request: SweepCreate, file: str, device: Device, until_done: bo
         return
     reason = f"the local worker runs jobs for {device.chip.name} only, not for {', '.join(others)}"
     if until_done:
-        raise InputError(f"{file}: chips", f"{reason}; --until-done would wait forever")
+        raise BadInputError(f"{file}: chips", f"{reason}; --until-done would wait forever")
     print(f"tiletune up: note: {reason}; those jobs wait for another worker", file=sys.stderr)
 
 
@@ -221,8 +267,10 @@ class _Up:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """Serve an SQLite-backed API and run one local CPU worker until Ctrl-C (or ``--until-done``)."""
+    from tiletune.kernels.device import get_device
+
     if args.until_done and not args.submit:
-        raise InputError("until-done", "needs --submit FILE, the sweep to wait for")
+        raise BadInputError("until-done", "needs --submit FILE, the sweep to wait for")
     device = get_device("cpu")
     request = read_sweep_file(args.submit) if args.submit else None  # before anything starts
     if request is not None:
@@ -241,16 +289,16 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _run(up: _Up) -> int:
     """Run the worker (and follow the submitted sweep) until stopped or done; the exit status."""
+    from tiletune.tuner.worker import Worker
+
     failures: list[BaseException] = []
     follower: SweepFollower | None = None
-    with (
-        httpx.Client(base_url=up.url, timeout=httpx.Timeout(30.0, connect=10.0)) as http,
-        ServiceApi(up.url, token=None) as api,
-    ):
-        worker = Worker(http, device=up.device, name=f"{socket.gethostname()}-up-{os.getpid()}")
+    stop = threading.Event()
+    worker = Worker.connect(up.url, device=up.device, name=f"{socket.gethostname()}-up-{os.getpid()}")
+    with worker, ServiceApi(up.url) as api:
         worker_thread = threading.Thread(target=_run_worker, args=(worker, failures), name="worker")
         worker_thread.daemon = True
-        with _stop_signals() as stop:
+        with _stop_signals(stop.set, "the worker, then the server"):
             worker_thread.start()
             try:
                 _print_banner(up)
@@ -320,7 +368,7 @@ def _serve(
 # -- parsers --------------------------------------------------------------------------------------
 
 
-def add_server_parsers(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_server_parsers(commands: Commands) -> None:
     """The ``server`` and ``up`` subcommands."""
     server = commands.add_parser(
         "server",
@@ -360,3 +408,28 @@ def add_server_parsers(commands: argparse._SubParsersAction[argparse.ArgumentPar
         help="with --submit: stop once the sweep is finished instead of serving until Ctrl-C",
     )
     up.set_defaults(handler=cmd_up)
+
+
+def add_worker_parser(commands: Commands) -> None:
+    """The ``worker`` subcommand."""
+    worker = commands.add_parser(
+        "worker",
+        help="lease tuning jobs from a server and measure them here",
+        description="Register this machine's chip with a tiletune server, lease its tuning jobs, "
+        "measure the configs the server asks for (each checked against the reference first) and "
+        "report them, until stopped. SIGTERM or Ctrl-C finishes the current trial, gives the job "
+        "back and exits; a lost server is waited for with capped exponential backoff.",
+    )
+    add_server_options(worker)
+    worker.add_argument(
+        "--backend",
+        choices=(*DEVICE_KINDS, "auto"),
+        default="auto",
+        help="device to measure on (default: auto = npu, else cuda, else cpu)",
+    )
+    worker.add_argument("--once", action="store_true", help="exit when the server has no job for this chip")
+    worker.add_argument("--name", help="worker name shown by the server (default: HOSTNAME-PID)")
+    worker.add_argument(
+        "--batch", type=int, default=1, help=f"configs asked per request, 1 to {MAX_ASK} (default 1)"
+    )
+    worker.set_defaults(handler=cmd_worker)

@@ -1,0 +1,242 @@
+"""Every ``/v1`` call as data, how an answer is judged, and the one set of errors a call raises.
+
+A :class:`Call` is a request (method, path, query, JSON body, timeout) with the decoder of
+its answer; the twins of :mod:`tiletune.client.api` send calls, nothing here does I/O. The
+functions below build each call of the REST API once, for both twins.
+
+Errors (one set, for every caller):
+
+- :class:`ServerUnreachableError`: no answer (connection refused, DNS, timeout);
+- :class:`ServerRefusedError`: an error status, with the server's ``code``, ``message`` and
+  ``field`` when it sent an :class:`~tiletune.client.wire.ErrorBody`; ``status >= 500`` is
+  the server's fault (worth retrying), anything below the caller's;
+- :class:`LeaseLostError` (a :class:`ServerRefusedError`): 409 ``lease_lost`` — the lease
+  ended; write nothing more under its token;
+- :class:`UnexpectedAnswerError`: a success whose body is not the expected document (not a
+  tiletune server, or one of another major version).
+
+Imports httpx, pydantic and the wire schemas only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+from pydantic import BaseModel
+
+from tiletune.client.wire import (
+    AskPublic,
+    CompleteCreate,
+    ConfigBundle,
+    ErrorBody,
+    JobPublic,
+    LeaseCreate,
+    LeasePublic,
+    LookupPublic,
+    MissesCreate,
+    MissesPublic,
+    ReleaseCreate,
+    SweepCreate,
+    SweepPublic,
+    TellCreate,
+    TellPublic,
+    TrialOutcome,
+    ValidatedConfig,
+    WorkerCreate,
+    WorkerPublic,
+)
+
+R = TypeVar("R")
+Document = TypeVar("Document", bound=BaseModel)
+
+LEASE_LOST_CODE = "lease_lost"
+#: The longest reason a release carries (the server's limit).
+MAX_RELEASE_REASON = 2000
+
+
+class ApiError(Exception):
+    """Any failure of a call to the server."""
+
+
+class ServerUnreachableError(ApiError):
+    """No answer from the server (connection refused, DNS, timeout)."""
+
+
+class ServerRefusedError(ApiError):
+    """The server answered an error status; ``status < 500`` is the caller's fault."""
+
+    def __init__(self, path: str, status: int, error: ErrorBody | None, text: str = "") -> None:
+        if error is not None:
+            field = f" [field: {error.field}]" if error.field else ""
+            detail = f"{error.code}: {error.message}{field} ({status} {error.code})"
+        else:
+            detail = f"HTTP {status}: {text[:300]}"
+        super().__init__(f"the server refused {path}: {detail}")
+        self.path = path
+        self.status = status
+        self.code = error.code if error is not None else None
+        self.field = error.field if error is not None else None
+        self.server_message = error.message if error is not None else text[:300]
+
+
+class LeaseLostError(ServerRefusedError):
+    """The lease ended (expired, taken over, job cancelled): write nothing more under its token.
+
+    Raised for the server's 409 ``lease_lost``, and by a worker that presumes its lease lost.
+    """
+
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(path, 409, ErrorBody(code=LEASE_LOST_CODE, message=message, field="token"))
+        self.args = (message,)
+
+
+class UnexpectedAnswerError(ApiError):
+    """A success whose body is not the expected document."""
+
+
+@dataclass(frozen=True)
+class Call(Generic[R]):
+    """One request and the decoder of its (successful) answer."""
+
+    method: str
+    path: str
+    decode: Callable[[httpx.Response], R]
+    params: Mapping[str, str | int] | None = None
+    body: BaseModel | None = None
+    timeout_s: float | None = None
+
+    def request_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``httpx.Client.request`` for this call."""
+        kwargs: dict[str, Any] = {}
+        if self.params is not None:
+            kwargs["params"] = dict(self.params)
+        if self.body is not None:
+            kwargs["content"] = self.body.model_dump_json()
+            kwargs["headers"] = {"Content-Type": "application/json"}
+        if self.timeout_s is not None:
+            kwargs["timeout"] = self.timeout_s
+        return kwargs
+
+
+# -- judging answers --------------------------------------------------------------------------------
+
+
+def error_body(response: httpx.Response) -> ErrorBody | None:
+    """The response's :class:`ErrorBody`, or ``None`` when it carries none."""
+    try:
+        return ErrorBody.model_validate_json(response.content)
+    except ValueError:  # not JSON, or not an ErrorBody (ValidationError is a ValueError)
+        return None
+
+
+def checked(path: str, response: httpx.Response) -> httpx.Response:
+    """``response`` if it is a success, else the error it stands for."""
+    if response.is_success:
+        return response
+    error = error_body(response)
+    if response.status_code == 409 and error is not None and error.code == LEASE_LOST_CODE:
+        raise LeaseLostError(error.message, path)
+    raise ServerRefusedError(path, response.status_code, error, response.text)
+
+
+def document(model: type[Document]) -> Callable[[httpx.Response], Document]:
+    """A decoder of a ``model`` body; :class:`UnexpectedAnswerError` for anything else."""
+
+    def decode(response: httpx.Response) -> Document:
+        try:
+            return model.model_validate_json(response.content)
+        except ValueError:
+            raise UnexpectedAnswerError(
+                f"{response.request.url} answered something that is not a tiletune {model.__name__}"
+                " (is it a tiletune server?)"
+            ) from None
+
+    return decode
+
+
+def document_or_none(model: type[Document]) -> Callable[[httpx.Response], Document | None]:
+    """As :func:`document`, but ``204 No Content`` is ``None``."""
+    decode = document(model)
+    return lambda response: None if response.status_code == 204 else decode(response)
+
+
+def nothing(_response: httpx.Response) -> None:
+    """The decoder of a call whose answer body is not needed."""
+
+
+# -- the calls ------------------------------------------------------------------------------------
+
+
+def submit(sweep: SweepCreate) -> Call[SweepPublic]:
+    """``POST /v1/sweeps``."""
+    return Call("POST", "/v1/sweeps", document(SweepPublic), body=sweep)
+
+
+def sweep(sweep_id: int) -> Call[SweepPublic]:
+    """``GET /v1/sweeps/{id}``."""
+    return Call("GET", f"/v1/sweeps/{sweep_id}", document(SweepPublic))
+
+
+def job(job_id: int) -> Call[JobPublic]:
+    """``GET /v1/jobs/{id}``."""
+    return Call("GET", f"/v1/jobs/{job_id}", document(JobPublic))
+
+
+def lookup(
+    kernel: str, *, shape: str, dtype: str, chip: str, match: str, timeout_s: float | None = None
+) -> Call[LookupPublic]:
+    """``GET /v1/configs/{kernel}?shape=&dtype=&chip=&match=``."""
+    params = {"shape": shape, "dtype": dtype, "chip": chip, "match": match}
+    return Call("GET", f"/v1/configs/{kernel}", document(LookupPublic), params, timeout_s=timeout_s)
+
+
+def configs(chip: str, kernel: str | None = None, timeout_s: float | None = None) -> Call[ConfigBundle]:
+    """``GET /v1/configs?chip=[&kernel=]``: the bulk export of a chip's best configs."""
+    params = {"chip": chip, **({"kernel": kernel} if kernel else {})}
+    return Call("GET", "/v1/configs", document(ConfigBundle), params, timeout_s=timeout_s)
+
+
+def report_misses(misses: MissesCreate, timeout_s: float | None = None) -> Call[MissesPublic]:
+    """``POST /v1/misses``."""
+    return Call("POST", "/v1/misses", document(MissesPublic), body=misses, timeout_s=timeout_s)
+
+
+def register(worker: WorkerCreate) -> Call[WorkerPublic]:
+    """``POST /v1/workers``."""
+    return Call("POST", "/v1/workers", document(WorkerPublic), body=worker)
+
+
+def lease(worker_id: int) -> Call[LeasePublic | None]:
+    """``POST /v1/leases``: a lease, or ``None`` (204) when there is no job for the worker now."""
+    return Call("POST", "/v1/leases", document_or_none(LeasePublic), body=LeaseCreate(worker_id=worker_id))
+
+
+def heartbeat(token: str) -> Call[LeasePublic]:
+    """``POST /v1/leases/{token}/heartbeat``."""
+    return Call("POST", f"/v1/leases/{token}/heartbeat", document(LeasePublic))
+
+
+def ask(token: str, n: int) -> Call[AskPublic]:
+    """``POST /v1/leases/{token}/ask?n=``."""
+    return Call("POST", f"/v1/leases/{token}/ask", document(AskPublic), params={"n": n})
+
+
+def tell(token: str, outcomes: Sequence[TrialOutcome]) -> Call[TellPublic]:
+    """``POST /v1/leases/{token}/tell``; idempotent per trial, so sending it again is safe."""
+    body = TellCreate(outcomes=list(outcomes))
+    return Call("POST", f"/v1/leases/{token}/tell", document(TellPublic), body=body)
+
+
+def complete(token: str, results: Sequence[ValidatedConfig]) -> Call[None]:
+    """``POST /v1/leases/{token}/complete``."""
+    body = CompleteCreate(results=list(results))
+    return Call("POST", f"/v1/leases/{token}/complete", nothing, body=body)
+
+
+def release(token: str, reason: str, failed: bool) -> Call[None]:
+    """``POST /v1/leases/{token}/release``."""
+    body = ReleaseCreate(reason=reason[:MAX_RELEASE_REASON], failed=failed)
+    return Call("POST", f"/v1/leases/{token}/release", nothing, body=body)

@@ -1,0 +1,69 @@
+"""The ``tiletune`` command: one parser, one map from what a command raised to its exit status.
+
+The commands live beside this module: :mod:`~tiletune.service.cli.local` (``kernels``,
+``tune``, ``bench``), :mod:`~tiletune.service.cli.serve` (``server``, ``worker``, ``up``) and
+:mod:`~tiletune.service.cli.remote` (``submit``, ``lookup``). Building the parser imports
+none of torch, Optuna or the server's libraries, so ``tiletune --help``, ``--version``,
+``submit`` and ``lookup`` run on the base install (httpx and pydantic).
+
+Exit status (:mod:`tiletune.service.cli.options`): 0 success; 1 the server is unreachable,
+answers 5xx or something that is not the API, refuses a worker, a job of a waited-for sweep
+failed, or a local worker/port failure; 2 bad input, here or as the server judged it (any
+4xx: its message, which names the field, is printed); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tiletune.client.calls import ServerRefusedError, ServerUnreachableError, UnexpectedAnswerError
+from tiletune.client.chip import package_version
+from tiletune.service.cli import local, remote, serve
+from tiletune.service.cli.options import (
+    EXIT_BAD_INPUT,
+    EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+    BadInputError,
+    CommandFailedError,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every ``tiletune`` command."""
+    parser = argparse.ArgumentParser(
+        prog="tiletune",
+        description="Measured tiling (tile sizes, buffer count, pipeline depth) for accelerator kernels: "
+        "tune locally, or run a tuning service (server, worker, submit, lookup, up).",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"tiletune {package_version('tiletune') or 'unknown'}"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    local.add_parsers(commands)
+    serve.add_worker_parser(commands)
+    serve.add_server_parsers(commands)
+    remote.add_submit_parser(commands)
+    remote.add_lookup_parser(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``tiletune`` console command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    prefix = f"tiletune {args.command}: error:"
+    try:
+        status = args.handler(args)
+    except BadInputError as error:
+        print(f"{prefix} {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except ServerRefusedError as error:
+        print(f"{prefix} {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT if error.status < 500 else EXIT_FAILURE
+    except (ServerUnreachableError, UnexpectedAnswerError, CommandFailedError) as error:
+        print(f"{prefix} {error}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    return int(status or 0)
