@@ -254,7 +254,7 @@ def add_parsers(commands: Commands) -> None:
     """The ``kernels``, ``tune`` and ``bench`` subcommands."""
     kernels = commands.add_parser("kernels", help="list kernels, their dims and search spaces")
     add_json_option(kernels)
-    kernels.set_defaults(handler=cmd_kernels)
+    kernels.set_defaults(handler=cmd_kernels, extra="tune")
 
     tune = commands.add_parser(
         "tune",
@@ -277,7 +277,7 @@ def add_parsers(commands: Commands) -> None:
     )
     tune.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
     tune.add_argument("--time", type=float, default=None, help="stop searching after this many seconds")
-    tune.set_defaults(handler=cmd_tune)
+    tune.set_defaults(handler=cmd_tune, extra="tune")
 
     bench = commands.add_parser(
         "bench",
@@ -293,4 +293,4 @@ def add_parsers(commands: Commands) -> None:
         help='a config as a JSON object, e.g. \'{"tile_size": 4096, "buffer_num": 2, "pipeline_depth": 2}\';'
         " repeat for more",
     )
-    bench.set_defaults(handler=cmd_bench)
+    bench.set_defaults(handler=cmd_bench, extra="tune")

@@ -8,7 +8,8 @@ none of torch, Optuna or the server's libraries, so ``tiletune --help``, ``--ver
 
 Exit status (:mod:`tiletune.service.cli.options`): 0 success; 1 the server is unreachable,
 answers 5xx or something that is not the API, refuses a worker, a job of a waited-for sweep
-failed, or a local worker/port failure; 2 bad input, here or as the server judged it (any
+failed, a local worker/port failure, or a library the command needs is not installed (the
+message names the extra to install); 2 bad input, here or as the server judged it (any
 4xx: its message, which names the field, is printed); 130 interrupted.
 """
 
@@ -66,4 +67,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILURE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except ModuleNotFoundError as error:
+        extra = getattr(args, "extra", None)
+        if extra is None or not error.name or error.name.startswith("tiletune"):
+            raise
+        missing = error.name.split(".")[0]
+        print(
+            f"{prefix} this command needs {missing}, which is not installed here"
+            f" (pip install 'tiletune[{extra}]')",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
     return int(status or 0)

@@ -384,7 +384,7 @@ def add_server_parsers(commands: Commands) -> None:
         "--optuna-db",
         help="Optuna storage URL (default: journal file X.optuna.log beside X.db; PostgreSQL: schema optuna)",
     )
-    server.set_defaults(handler=cmd_server)
+    server.set_defaults(handler=cmd_server, extra="server")
 
     up = commands.add_parser(
         "up",
@@ -407,7 +407,7 @@ def add_server_parsers(commands: Commands) -> None:
         action="store_true",
         help="with --submit: stop once the sweep is finished instead of serving until Ctrl-C",
     )
-    up.set_defaults(handler=cmd_up)
+    up.set_defaults(handler=cmd_up, extra="server")
 
 
 def add_worker_parser(commands: Commands) -> None:
@@ -432,4 +432,4 @@ def add_worker_parser(commands: Commands) -> None:
     worker.add_argument(
         "--batch", type=int, default=1, help=f"configs asked per request, 1 to {MAX_ASK} (default 1)"
     )
-    worker.set_defaults(handler=cmd_worker)
+    worker.set_defaults(handler=cmd_worker, extra="worker")

@@ -61,7 +61,8 @@ def test_a_stopped_worker_releases_its_lease_and_the_job_goes_back_to_the_queue(
             measured += 1
             if measured == 3:
                 worker.stop()
-        return original_request(method, url, **kwargs)
+        response: httpx.Response = original_request(method, url, **kwargs)
+        return response
 
     client.request = request  # type: ignore[method-assign]
     try:
