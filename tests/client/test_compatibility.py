@@ -79,7 +79,8 @@ def test_a_response_with_fields_it_does_not_know_parses() -> None:
     parsed = wire.LookupPublic.model_validate_json(json.dumps(answer))
 
     assert parsed.match == "exact"
-    assert parsed.best is not None and parsed.best.median_ms == 1.0
+    assert parsed.best is not None
+    assert parsed.best.median_ms == 1.0
 
 
 #: Fields whose values are maps of names (dims, knobs, versions, counts) or lists of them.

@@ -28,7 +28,7 @@ INSTALL_TIMEOUT_S = 300
 
 @pytest.fixture(scope="module")
 def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The ``tiletune`` script of a fresh venv holding the project's wheel and nothing but its dependencies."""
+    """The ``tiletune`` script of a fresh venv: the project's wheel and its two dependencies only."""
     folder = tmp_path_factory.mktemp("base-install")
     wheels = folder / "wheels"
     subprocess.run(
@@ -93,7 +93,8 @@ def test_help_and_version_work_on_the_base_install(base_install: Path) -> None:
     assert all(command in helped.stdout for command in ("tune", "worker", "submit", "lookup", "server", "up"))
     assert versioned.returncode == 0, versioned.stderr
     assert versioned.stdout.startswith("tiletune 0.")
-    assert submit_help.returncode == 0 and "--wait" in submit_help.stdout
+    assert submit_help.returncode == 0
+    assert "--wait" in submit_help.stdout
 
 
 def test_submit_and_lookup_work_on_the_base_install(base_install: Path, server: ServerProcess) -> None:
