@@ -1,14 +1,21 @@
-"""tiletune.client: the runtime lookup library used at kernel launch.
+"""tiletune.client: the light side — the runtime lookup library, the REST client, the wire schemas.
 
-``ConfigClient`` / ``AsyncConfigClient`` (same method names) answer "which
-tiling for this kernel, shape and dtype on this chip" from memory, the
-server, an on-disk cache or the kernel's default, and never raise on the
-launch path. Also the wire schemas shared with the server (``wire``), chip
-identity (``chip``) and the shape distance of the nearest-shape fallback
-(``nearest``).
+``ConfigClient`` / ``AsyncConfigClient`` (same method names) answer "which tiling for this
+kernel, shape and dtype on this chip" from memory, the server, an on-disk cache or the
+kernel's default, and never raise on the launch path. Modules:
 
-May import httpx, pydantic and the standard library only: never torch,
-optuna, fastapi or sqlalchemy (a test checks ``sys.modules``).
+- ``sync``, ``aio``: ``ConfigClient`` and ``AsyncConfigClient``;
+- ``core``: what the two share: answers, caches, fallbacks, back-off, miss counting;
+- ``api``: the one REST client of ``/v1`` (``ServiceApi`` / ``AsyncServiceApi``, retries);
+- ``calls``: every ``/v1`` call as data, and the one set of errors a call raises;
+- ``wire``: the request and response schemas and the vocabularies (states, strategies, dtypes);
+- ``known``: the best configs known for a chip and the choice among them;
+- ``nearest``: the shape distance of the nearest-shape fallback (also the server's);
+- ``disk``: the on-disk cache of a node; ``chip``: chip identity and software, without torch.
+
+May import httpx, pydantic and the standard library only: never torch, optuna, fastapi,
+sqlalchemy or another tiletune package (a test checks ``sys.modules``). The kernels hand
+their default rule and versions over as callables (``tiletune.kernels.client_settings``).
 """
 
 from tiletune.client.aio import AsyncConfigClient

@@ -139,11 +139,6 @@ class ClientCore:
 
     # -- memory --------------------------------------------------------------------------------
 
-    @staticmethod
-    def key(kernel: str, shape: Mapping[str, int], dtype: str) -> MemoKey:
-        """The in-memory key of a call (the shape's items in the caller's order)."""
-        return (kernel, dtype, tuple(shape.items()))
-
     def remember(self, key: MemoKey, tiling: Tiling, final: bool) -> Tiling:
         """Keep ``tiling`` for ``key``: for good, or (``final`` False) for ``recheck_s`` and the back-off."""
         self.memo[key] = tiling
@@ -162,7 +157,7 @@ class ClientCore:
             self.memo.pop(key, None)
         return len(due)
 
-    def forget_answers(self) -> None:
+    def _forget_answers(self) -> None:
         """Drop remembered answers (new entries arrived)."""
         self.memo.clear()
         self.provisional.clear()
@@ -186,7 +181,7 @@ class ClientCore:
 
     # -- deciding ------------------------------------------------------------------------------
 
-    def version(self, kernel: str) -> int | None:
+    def _version(self, kernel: str) -> int | None:
         """The kernel version this process runs (pinned, installed, or the server's)."""
         pinned = self.settings.kernel_versions
         if pinned is not None and kernel in pinned:
@@ -206,30 +201,30 @@ class ClientCore:
 
     def from_known(self, kernel: str, shape: Mapping[str, int], dtype: str, source: str) -> Tiling | None:
         """An exact, else nearest, answer from the entries known in memory."""
-        version = self.version(kernel)
+        version = self._version(kernel)
         if version is None:
             return None
         entry = self.known.exact(kernel, version, shape, dtype)
         if entry is not None:
-            return self.tiling(entry, "exact", source)
+            return self._tiling(entry, "exact", source)
         near = self.known.nearest(kernel, version, shape, dtype)
-        return self.tiling(near[1], "nearest", source) if near is not None else None
+        return self._tiling(near[1], "nearest", source) if near is not None else None
 
     def exact_known(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling | None:
         """An exact answer from the entries known in memory."""
-        version = self.version(kernel)
+        version = self._version(kernel)
         entry = self.known.exact(kernel, version, shape, dtype) if version is not None else None
-        return self.tiling(entry, "exact", "memory") if entry is not None else None
+        return self._tiling(entry, "exact", "memory") if entry is not None else None
 
     def from_server(self, answer: LookupPublic) -> Tiling | None:
         """The server's answer, unless it was tuned with another kernel version than ours."""
         if answer.match == "default" or answer.best is None:
             return None
-        version = self.version(answer.kernel)
+        version = self._version(answer.kernel)
         if version is not None and answer.best.kernel_version != version:
             return None
         self.known.add([answer.best])
-        return self.tiling(answer.best, answer.match, "server", config=answer.config)
+        return self._tiling(answer.best, answer.match, "server", config=answer.config)
 
     def _installed_version(self, kernel: str) -> int | None:
         rule = self.settings.kernel_version
@@ -251,7 +246,7 @@ class ClientCore:
                 log.warning("no default config for %s %s: %s", kernel, dict(shape), error)
         return Tiling(kernel, MappingProxyType(config), "default", "default")
 
-    def tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
+    def _tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
         """An answer from an entry, marked stale when its software differs from ours."""
         chosen = dict(config if config is not None else entry.config)
         return Tiling(entry.kernel, MappingProxyType(chosen), match, source, entry, self._stale(entry))
@@ -302,7 +297,7 @@ class ClientCore:
         with self.lock:
             self.load_disk()
             changed = self.known.add_bundle(bundle)
-            self.forget_answers()
+            self._forget_answers()
         return changed
 
     # -- misses --------------------------------------------------------------------------------
@@ -344,9 +339,9 @@ class ClientCore:
             )
             return
         log.info("tiletune client: miss report failed (%s); kept for the next one", error)
-        self.give_back(misses)
+        self._give_back(misses)
 
-    def give_back(self, misses: MissesCreate) -> None:
+    def _give_back(self, misses: MissesCreate) -> None:
         """A report failed: count its misses again for the next one."""
         with self.lock:
             for miss in misses.misses:

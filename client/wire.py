@@ -12,7 +12,7 @@ and the documents inside them, based on ``_Response``) ignores fields it does no
 so clients and workers of an older release keep working against a newer server. A field
 is added, never renamed.
 
-The vocabularies (job states, sweep states, strategies, match kinds, dtypes, device
+The vocabularies (job, trial and sweep states, strategies, match kinds, dtypes, device
 kinds) and the shape text format (:func:`parse_dims`) are defined here once; every other
 module imports them.
 
@@ -49,6 +49,26 @@ JOB_STATES = tuple(state.value for state in JobState)
 LIVE_JOB_STATES = (JobState.QUEUED, JobState.RUNNING, JobState.VALIDATING)
 #: Final states.
 FINAL_JOB_STATES = tuple(state for state in JobState if state not in LIVE_JOB_STATES)
+
+
+class TrialState(StrEnum):
+    """A trial's outcome so far: handed out (``asked``), told, or given up with its lease."""
+
+    ASKED = "asked"
+    MEASURED = "measured"
+    INVALID = "invalid"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    VALIDATED = "validated"
+
+
+class AskPhase(StrEnum):
+    """What an ``ask`` tells a worker to do (see :class:`AskPublic`)."""
+
+    SEARCH = "search"
+    VALIDATE = "validate"
+    WAIT = "wait"
+    DONE = "done"
 
 
 class SweepState(StrEnum):
@@ -340,7 +360,7 @@ class AskPublic(_Response):
     ``done`` (nothing left: release the lease).
     """
 
-    phase: Literal["search", "validate", "wait", "done"]
+    phase: AskPhase
     tasks: list[Task] = Field(default_factory=list)
     validate_configs: list[Config] = Field(default_factory=list)
 

@@ -6,13 +6,16 @@ pipeline executor their portable PyTorch implementations share (``pipeline``),
 their Triton versions (``triton_*``: ``triton_spec`` holds what they share,
 ``triton_kernels`` the ``@triton.jit`` kernels, loaded on first run),
 the kernel registry with its plugin entry points (``registry``), devices
-(``device``: chip identity, limits, timers), and the launch helper (``launch``:
-run a kernel under the config a client gives for the call's shape).
+(``device``: chip identity, limits, timers), the launch helper (``launch``:
+run a kernel under the config a client gives for the call's shape), and what the
+kernels hand a runtime client (``defaults``: their default rule and versions).
 
 Imports torch; triton and torch_npu only lazily. Of tiletune.client it imports
-only ``tiletune.client.chip`` (chip names and the software fingerprint, shared
-with runtime clients so both name chips alike); never tiletune.tuner,
-tiletune.service or other client internals.
+``tiletune.client.chip`` (chip names and the software fingerprint, shared with
+runtime clients so both name chips alike), ``tiletune.client.wire`` (the
+vocabularies and the shape text format) and ``ClientSettings`` (for
+``client_settings``); never tiletune.tuner, tiletune.service or other client
+internals.
 """
 
 from tiletune.kernels.defaults import client_settings

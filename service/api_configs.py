@@ -8,10 +8,12 @@ from fastapi import APIRouter, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 
-from tiletune.client.wire import ConfigBundle, HistoryPoint, KernelInfo, LookupPublic
-from tiletune.kernels import KernelSpec, all_kernels
-from tiletune.service.dependencies import LookupCacheDep, StoreDep
-from tiletune.service.lookup import lookup, parse_key
+from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
+from tiletune.kernels import all_kernels
+from tiletune.service import configs
+from tiletune.service.dependencies import DatabaseDep, LookupCacheDep
+from tiletune.service.lookup import lookup
+from tiletune.service.specs import kernel_info, parse_key
 
 router = APIRouter(tags=["configs"])
 
@@ -25,7 +27,7 @@ async def lookup_config(
     *,
     shape: ShapeQuery,
     chip: str,
-    store: StoreDep,
+    db: DatabaseDep,
     cache: LookupCacheDep,
     dtype: str = "float32",
     match: Match = "default",
@@ -35,16 +37,16 @@ async def lookup_config(
     Answers are cached by the replica for ``lookup_cache_s`` (see ``Settings``).
     """
     key = (kernel, shape, dtype, chip, match)
-    generation = store.generation
+    generation = db.generation
     answer = cache.get(key, generation)
     if answer is None:
-        answer = await run_in_threadpool(lookup, store, kernel, shape, dtype=dtype, chip=chip, match=match)
+        answer = await run_in_threadpool(lookup, db, kernel, shape, dtype=dtype, chip=chip, match=match)
         cache.put(key, generation, answer)
     return answer
 
 
 @router.get("/v1/configs")
-def export_configs(chip: str, store: StoreDep, kernel: str | None = None) -> ConfigBundle:
+def export_configs(chip: str, db: DatabaseDep, kernel: str | None = None) -> ConfigBundle:
     """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle.
 
     The bundle carries the info of every registered kernel (or of ``kernel``
@@ -53,38 +55,32 @@ def export_configs(chip: str, store: StoreDep, kernel: str | None = None) -> Con
     """
     kernels = all_kernels()
     specs = list(kernels.values()) if kernel is None else [kernels[kernel]] if kernel in kernels else []
+    with db.read() as session:
+        entries = configs.best_configs(session, chip, kernel)
     return ConfigBundle(
-        exported_at=store.clock(),
+        exported_at=db.clock(),
         chip=chip,
         kernels=[kernel_info(spec) for spec in specs],
-        configs=store.best_configs(chip, kernel),
-    )
-
-
-def kernel_info(spec: KernelSpec) -> KernelInfo:
-    """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs."""
-    return KernelInfo(
-        name=spec.name,
-        version=spec.version,
-        dims=[dim.name for dim in spec.dims],
-        categorical=[dim.name for dim in spec.dims if dim.categorical],
-        knobs=[knob.name for knob in spec.knobs],
+        configs=entries,
     )
 
 
 @router.post("/v1/configs/import")
-def import_configs(bundle: ConfigBundle, store: StoreDep) -> dict[str, int]:
+def import_configs(bundle: ConfigBundle, db: DatabaseDep) -> dict[str, int]:
     """Store an exported bundle; an entry replaces a key's best only if the key has none or it is faster."""
-    return {"changed": store.import_configs(bundle.configs)}
+    with db.write() as session:
+        changed = configs.import_configs(session, bundle.configs, db.clock())
+    return {"changed": changed}
 
 
 @router.get("/v1/history/{kernel}")
 def history(
-    kernel: str, shape: ShapeQuery, store: StoreDep, dtype: str = "float32", chip: str | None = None
+    kernel: str, shape: ShapeQuery, db: DatabaseDep, dtype: str = "float32", chip: str | None = None
 ) -> list[HistoryPoint]:
     """Every promotion of one shape's best config, oldest first."""
     spec, parsed = parse_key(kernel, shape, dtype)
-    return store.history(spec.name, spec.canonical_shape(parsed), dtype, chip)
+    with db.read() as session:
+        return configs.history(session, spec.name, spec.canonical_shape(parsed), dtype, chip)
 
 
 @router.get("/livez")
@@ -94,16 +90,18 @@ def livez() -> dict[str, str]:
 
 
 @router.get("/healthz")
-def healthz(store: StoreDep) -> dict[str, str]:
+def healthz(db: DatabaseDep) -> dict[str, str]:
     """``ok`` when the database answers (readiness)."""
-    store.counts()
+    with db.read() as session:
+        configs.counts(session)
     return {"status": "ok"}
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics(store: StoreDep) -> str:
+def metrics(db: DatabaseDep) -> str:
     """Jobs by state and best configs stored, in Prometheus' text format."""
-    counts = store.counts()
+    with db.read() as session:
+        counts = configs.counts(session)
     lines = ["# TYPE tiletune_jobs gauge"]
     lines += [f'tiletune_jobs{{state="{state}"}} {n}' for state, n in sorted(counts["jobs"].items())]
     lines += ["# TYPE tiletune_best_configs gauge", f"tiletune_best_configs {counts['best_configs']}"]

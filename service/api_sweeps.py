@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 
-from tiletune.client.wire import JOB_STATES, JobPublic, SweepCreate, SweepPublic, TrialPublic
-from tiletune.service.dependencies import StoreDep, TuningDep
+from tiletune.client.wire import JOB_STATES, JobPublic, JobState, SweepCreate, SweepPublic, TrialPublic
+from tiletune.service import jobs
+from tiletune.service.dependencies import DatabaseDep, ProtocolDep, SettingsDep
 from tiletune.service.errors import InvalidInputError
+from tiletune.service.views import job_public, sweep_public, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
 
@@ -17,53 +19,62 @@ Offset = Annotated[int, Query(ge=0)]
 
 
 @router.post("/sweeps", status_code=201)
-def submit_sweep(sweep: SweepCreate, store: StoreDep, request: Request) -> SweepPublic:
+def submit_sweep(sweep: SweepCreate, db: DatabaseDep, settings: SettingsDep) -> SweepPublic:
     """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned are ``skipped``."""
-    return store.submit(sweep, max_jobs=request.app.state.services.settings.max_jobs_per_sweep)
+    planned = jobs.plan_sweep(sweep, max_jobs=settings.max_jobs_per_sweep)
+    with db.write() as session:
+        return jobs.create_sweep(session, sweep, planned, db.clock())
 
 
 @router.get("/sweeps")
-def list_sweeps(store: StoreDep, limit: Limit = 50, offset: Offset = 0) -> list[SweepPublic]:
+def list_sweeps(db: DatabaseDep, limit: Limit = 50, offset: Offset = 0) -> list[SweepPublic]:
     """Sweeps, newest first, with their jobs' states and progress."""
-    return store.sweeps(limit, offset)
+    with db.read() as session:
+        return [sweep_public(session, sweep) for sweep in jobs.sweep_rows(session, limit, offset)]
 
 
 @router.get("/sweeps/{sweep_id}")
-def show_sweep(sweep_id: int, store: StoreDep) -> SweepPublic:
+def show_sweep(sweep_id: int, db: DatabaseDep) -> SweepPublic:
     """One sweep with its jobs."""
-    return store.sweep(sweep_id)
+    with db.read() as session:
+        return sweep_public(session, jobs.sweep_row(session, sweep_id))
 
 
 @router.post("/sweeps/{sweep_id}/cancel")
-def cancel_sweep(sweep_id: int, store: StoreDep, tuning: TuningDep) -> SweepPublic:
+def cancel_sweep(sweep_id: int, db: DatabaseDep, protocol: ProtocolDep) -> SweepPublic:
     """Cancel every unfinished job of the sweep."""
-    tuning.cancel_sweep(sweep_id)
-    return store.sweep(sweep_id)
+    protocol.cancel_sweep(sweep_id)
+    with db.read() as session:
+        return sweep_public(session, jobs.sweep_row(session, sweep_id))
 
 
 @router.get("/jobs")
 def list_jobs(
-    store: StoreDep, state: str | None = None, limit: Limit = 100, offset: Offset = 0
+    db: DatabaseDep, state: str | None = None, limit: Limit = 100, offset: Offset = 0
 ) -> list[JobPublic]:
     """Jobs, newest first, optionally in one ``state``."""
     if state is not None and state not in JOB_STATES:
         raise InvalidInputError(f"state must be one of {list(JOB_STATES)}, got {state!r}", field="state")
-    return store.jobs(state, limit, offset)
+    with db.read() as session:
+        rows = jobs.job_rows(session, JobState(state) if state is not None else None, limit, offset)
+        return [job_public(session, job) for job in rows]
 
 
 @router.get("/jobs/{job_id}")
-def show_job(job_id: int, store: StoreDep) -> JobPublic:
+def show_job(job_id: int, db: DatabaseDep) -> JobPublic:
     """One job with its progress (trials, best so far, speedup over the default)."""
-    return store.job(job_id)
+    with db.read() as session:
+        return job_public(session, jobs.job_row(session, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel_job(job_id: int, tuning: TuningDep) -> JobPublic:
+def cancel_job(job_id: int, protocol: ProtocolDep) -> JobPublic:
     """Cancel a job; workers holding it are told ``done`` at their next ask."""
-    return tuning.cancel_job(job_id)
+    return protocol.cancel_job(job_id)
 
 
 @router.get("/jobs/{job_id}/trials")
-def job_trials(job_id: int, store: StoreDep) -> list[TrialPublic]:
+def job_trials(job_id: int, db: DatabaseDep) -> list[TrialPublic]:
     """Every trial of the job with its outcome."""
-    return store.trials(job_id)
+    with db.read() as session:
+        return [trial_public(row) for row in jobs.trial_rows(session, job_id)]

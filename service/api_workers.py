@@ -23,15 +23,15 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service.dependencies import TuningDep
+from tiletune.service.dependencies import ProtocolDep
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 
 
 @router.post("/workers", status_code=201)
-def register_worker(worker: WorkerCreate, tuning: TuningDep) -> WorkerPublic:
+def register_worker(worker: WorkerCreate, protocol: ProtocolDep) -> WorkerPublic:
     """Register a worker with its chip (name, limits), backends and software."""
-    return tuning.register(worker)
+    return protocol.register(worker)
 
 
 @router.post(
@@ -40,37 +40,37 @@ def register_worker(worker: WorkerCreate, tuning: TuningDep) -> WorkerPublic:
     response_model=LeasePublic,
     responses={204: {"description": "no job for this worker now"}},
 )
-def lease_job(request: LeaseCreate, tuning: TuningDep) -> LeasePublic | Response:
+def lease_job(request: LeaseCreate, protocol: ProtocolDep) -> LeasePublic | Response:
     """Lease the oldest job this worker's chip and backends can run (204 when there is none)."""
-    lease = tuning.lease(request.worker_id)
+    lease = protocol.lease(request.worker_id)
     return lease if lease is not None else Response(status_code=204)
 
 
 @router.post("/leases/{token}/heartbeat")
-def heartbeat(token: str, tuning: TuningDep) -> LeasePublic:
+def heartbeat(token: str, protocol: ProtocolDep) -> LeasePublic:
     """Renew the lease for another lease period."""
-    return tuning.heartbeat(token)
+    return protocol.heartbeat(token)
 
 
 @router.post("/leases/{token}/ask")
-def ask(token: str, tuning: TuningDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1) -> AskPublic:
+def ask(token: str, protocol: ProtocolDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1) -> AskPublic:
     """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``."""
-    return tuning.ask(token, n)
+    return protocol.ask(token, n)
 
 
 @router.post("/leases/{token}/tell")
-def tell(token: str, outcomes: TellCreate, tuning: TuningDep) -> TellPublic:
+def tell(token: str, outcomes: TellCreate, protocol: ProtocolDep) -> TellPublic:
     """Outcomes of asked trials; repeating a tell is counted once."""
-    return tuning.tell(token, outcomes)
+    return protocol.tell(token, outcomes)
 
 
 @router.post("/leases/{token}/complete")
-def complete(token: str, results: CompleteCreate, tuning: TuningDep) -> JobPublic:
+def complete(token: str, results: CompleteCreate, protocol: ProtocolDep) -> JobPublic:
     """The interleaved validation run: promotes the winner if it beats the key's best; ends the job."""
-    return tuning.complete(token, results)
+    return protocol.complete(token, results)
 
 
 @router.post("/leases/{token}/release")
-def release(token: str, request: ReleaseCreate, tuning: TuningDep) -> JobPublic:
+def release(token: str, request: ReleaseCreate, protocol: ProtocolDep) -> JobPublic:
     """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
-    return tuning.release(token, request)
+    return protocol.release(token, request)

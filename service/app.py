@@ -1,6 +1,6 @@
 """The FastAPI application factory: ``create_app(settings)``.
 
-Builds the engine, store, queue, searches, worker protocol and miss counter for the given
+Builds the engines, database, queue, searches, worker protocol and miss counter for the given
 settings (nothing at import time), mounts the ``/v1`` routers, turns every
 :class:`~tiletune.service.errors.ServiceError` and validation error into a
 JSON ``ErrorBody`` (validation errors name the field), refuses bodies over
@@ -26,15 +26,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_workers
-from tiletune.service.database import is_sqlite, make_engine, make_sessions
+from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
 from tiletune.service.errors import ServiceError
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
+from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.settings import Settings
-from tiletune.service.store import Clock, Store, utc_now
 from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
-from tiletune.service.tuning import Tuning
 
 log = logging.getLogger(__name__)
 
@@ -48,34 +47,34 @@ class Services:
     """What the routes use, built once per app (``app.state.services``)."""
 
     settings: Settings
-    store: Store
+    db: Database
     queue: JobQueue
-    tuning: Tuning
+    protocol: WorkerProtocol
     lookup_cache: LookupCache
     misses: Misses
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
-    """Engine, store, queue, searches and protocol for ``settings``."""
+    """Engines, database, queue, searches and protocol for ``settings``."""
     writes = make_engine(settings.db_url)
     reads = (
         make_engine(settings.db_url, write_lock=False, pool_size=READ_POOL_SIZE)
         if is_sqlite(settings.db_url)
         else writes
     )
-    store = Store(make_sessions(writes), clock, reads=make_sessions(reads))
+    db = Database(make_sessions(writes), clock, reads=make_sessions(reads))
     queue = JobQueue(
-        store,
+        db,
         LeaseSettings(settings.lease_s, settings.heartbeat_s, settings.max_lease_failures),
     )
     optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
     studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
-    misses = Misses(store, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
+    misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
     return Services(
         settings,
-        store,
+        db,
         queue,
-        Tuning(store, queue, studies),
+        WorkerProtocol(db, queue, studies),
         LookupCache(settings.lookup_cache_s),
         misses,
     )
@@ -115,7 +114,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
 def _reap_forever(services: Services, stop: threading.Event) -> None:
     while not stop.wait(services.settings.reap_interval_s):
         try:
-            reaped = services.tuning.reap()
+            reaped = services.protocol.reap()
         except Exception:
             log.exception("reaping expired leases failed; trying again")
             continue

@@ -8,16 +8,32 @@ busy timeout, instead of failing with "database is locked" when a reader
 later tries to write); a read engine's transactions take no lock (WAL readers
 never wait). So a server, its threads and a test can use one file at once.
 PostgreSQL URLs are taken as given (``postgresql://`` is read as psycopg 3).
+
+:class:`Database` is what the service's operations hold: a write and a read session factory,
+the injected clock, and the generation of the best configs. The rule for transactions: the
+repositories (:mod:`~tiletune.service.fleet`, :mod:`~tiletune.service.jobs`,
+:mod:`~tiletune.service.configs`, :mod:`~tiletune.service.queue`,
+:mod:`~tiletune.service.views`) take a session and never commit; only the operations (the
+routes, :mod:`~tiletune.service.protocol`, :mod:`~tiletune.service.misses`,
+:mod:`~tiletune.service.lookup`) open one, with :meth:`Database.write` or :meth:`Database.read`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+Clock = Callable[[], datetime]
+
+#: ``session.info`` key set by a change of best configs (a promotion or an import).
+CONFIGS_CHANGED = "tiletune.configs_changed"
 
 #: Where ``tiletune server`` keeps its data when no ``--db`` is given.
 DEFAULT_SQLITE_PATH = Path("tiletune.db")
@@ -74,3 +90,59 @@ def _begin_immediate(connection: Any) -> None:
 def make_sessions(engine: Engine) -> sessionmaker[Session]:
     """A session factory whose objects stay readable after commit."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def utc_now() -> datetime:
+    """The wall clock, timezone-aware UTC."""
+    return datetime.now(UTC)
+
+
+def aware(moment: datetime) -> datetime:
+    """``moment`` as timezone-aware UTC (SQLite hands back naive datetimes)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+class Database:
+    """Sessions for writes and reads, the clock, and the best configs' generation.
+
+    ``generation`` moves after every committed transaction that changed a best config (a
+    repository marks it with :func:`configs_changed`), never before the commit: a cache
+    that stored an answer under the old generation drops it, and one that read the new
+    generation reads committed rows.
+    """
+
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        clock: Clock = utc_now,
+        reads: sessionmaker[Session] | None = None,
+    ) -> None:
+        self.sessions = sessions
+        self.reads = reads or sessions
+        self.clock = clock
+        self.generation = 0
+
+    @property
+    def postgres(self) -> bool:
+        """True on PostgreSQL (row locks, ``SKIP LOCKED``)."""
+        bind = self.sessions.kw.get("bind")
+        return bind is not None and bind.dialect.name == "postgresql"
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        """One write transaction: committed when the block ends, rolled back if it raises."""
+        with self.sessions.begin() as session:
+            yield session
+        if session.info.pop(CONFIGS_CHANGED, False):
+            self.generation += 1
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        """A read-only session (on SQLite, of the read engine: it never waits for the writer)."""
+        with self.reads() as session:
+            yield session
+
+
+def configs_changed(session: Session) -> None:
+    """Mark ``session``'s transaction as one that changes best configs (see :class:`Database`)."""
+    session.info[CONFIGS_CHANGED] = True

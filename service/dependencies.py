@@ -6,20 +6,21 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from tiletune.service.database import Database
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses
-from tiletune.service.store import Store
-from tiletune.service.tuning import Tuning
+from tiletune.service.protocol import WorkerProtocol
+from tiletune.service.settings import Settings
 
 
-def _store(request: Request) -> Store:
-    store: Store = request.app.state.services.store
-    return store
+def _db(request: Request) -> Database:
+    db: Database = request.app.state.services.db
+    return db
 
 
-def _tuning(request: Request) -> Tuning:
-    tuning: Tuning = request.app.state.services.tuning
-    return tuning
+def _protocol(request: Request) -> WorkerProtocol:
+    protocol: WorkerProtocol = request.app.state.services.protocol
+    return protocol
 
 
 def _lookup_cache(request: Request) -> LookupCache:
@@ -32,7 +33,13 @@ def _misses(request: Request) -> Misses:
     return misses
 
 
-StoreDep = Annotated[Store, Depends(_store)]
+def _settings(request: Request) -> Settings:
+    settings: Settings = request.app.state.services.settings
+    return settings
+
+
+DatabaseDep = Annotated[Database, Depends(_db)]
 LookupCacheDep = Annotated[LookupCache, Depends(_lookup_cache)]
-TuningDep = Annotated[Tuning, Depends(_tuning)]
+ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
+SettingsDep = Annotated[Settings, Depends(_settings)]

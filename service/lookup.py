@@ -9,7 +9,7 @@ shape's config is adapted to the asked shape (each knob snapped down to the
 values this shape allows) and used only if it is valid for it.
 
 :class:`LookupCache` keeps answers for ``lookup_cache_s``; a promotion or an
-import in this process empties it at once (``Store.generation``), one in
+import in this process empties it at once (``Database.generation``, moved after the commit), one in
 another replica is seen within the TTL.
 """
 
@@ -18,17 +18,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Literal
 
-from tiletune.client.wire import LookupPublic
+from tiletune.client.wire import MATCH_KINDS, LookupPublic, Match
 from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
-from tiletune.kernels.errors import InputError
-from tiletune.kernels.spec import DTYPES, parse_dims, snap_down
+from tiletune.kernels.spec import snap_down
+from tiletune.service import configs
+from tiletune.service.database import Database
 from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.models import BestConfigRow
-from tiletune.service.store import Store, chip_limits, lookup_kernel
-
-MATCH_ORDER = ("exact", "nearest", "default")
+from tiletune.service.specs import parse_key
+from tiletune.service.views import best_row_public
 
 LookupKey = tuple[str, str, str, str, str]
 
@@ -36,7 +36,7 @@ LookupKey = tuple[str, str, str, str, str]
 class LookupCache:
     """Recent lookup answers by (kernel, shape text, dtype, chip, match), for ``ttl_s`` seconds.
 
-    Entries are dropped when the store's ``generation`` moves (a promotion or an
+    Entries are dropped when the database's ``generation`` moves (a promotion or an
     import here) or their TTL passes; at most ``max_entries`` are kept (the
     whole cache is emptied when full). ``ttl_s`` 0 disables it.
     """
@@ -65,26 +65,14 @@ class LookupCache:
             self._entries[key] = (self._clock() + self.ttl_s, generation, answer)
 
 
-def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Shape]:
-    """The spec and parsed shape of a lookup; :class:`InvalidInputError` naming the field."""
-    spec = lookup_kernel(kernel)
-    try:
-        shape = spec.parse_shape(parse_dims(shape_text))
-    except InputError as error:
-        raise InvalidInputError(error.reason, field=error.field) from error
-    if dtype not in DTYPES:
-        raise InvalidInputError(f"unknown dtype {dtype!r}; choose one of {list(DTYPES)}", field="dtype")
-    return spec, shape
-
-
-def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str, match: str) -> LookupPublic:
+def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str, match: str) -> LookupPublic:
     """The config for one key, as loose as ``match`` allows; see the module docstring."""
-    if match not in MATCH_ORDER:
-        raise InvalidInputError(f"match must be one of {list(MATCH_ORDER)}, got {match!r}", field="match")
+    if match not in MATCH_KINDS:
+        raise InvalidInputError(f"match must be one of {list(MATCH_KINDS)}, got {match!r}", field="match")
     spec, shape = parse_key(kernel, shape_text, dtype)
-    allowed = MATCH_ORDER[: MATCH_ORDER.index(match) + 1]
-    with store.reads() as session:
-        exact = store.exact_public(session, spec, spec.canonical_shape(shape), dtype, chip)
+    allowed = MATCH_KINDS[: MATCH_KINDS.index(match) + 1]
+    with db.read() as session:
+        exact = configs.exact_public(session, spec, spec.canonical_shape(shape), dtype, chip)
         if exact is not None:  # the common case, in one query
             return LookupPublic(
                 kernel=spec.name,
@@ -95,21 +83,19 @@ def lookup(store: Store, kernel: str, shape_text: str, *, dtype: str, chip: str,
                 match="exact",
                 best=exact,
             )
-        chip_row = store.chip_by_name(session, chip)
+        chip_row = chip_by_name(session, chip)
         if chip_row is None:
             raise NotFoundError(f"no chip {chip!r} is registered", field="chip")
 
-        def answer(
-            config: Config, found: Literal["exact", "nearest", "default"], best: BestConfigRow | None
-        ) -> LookupPublic:
-            public = store.best_public(session, best) if best is not None else None
+        def answer(config: Config, found: Match, best: BestConfigRow | None) -> LookupPublic:
+            public = best_row_public(session, best) if best is not None else None
             return LookupPublic(
                 kernel=spec.name, shape=shape, dtype=dtype, chip=chip, config=config, match=found, best=public
             )
 
         limits = chip_limits(chip_row)
         if "nearest" in allowed:
-            for _, row in store.nearest_best(session, spec, shape, dtype=dtype, chip_id=chip_row.id, k=5):
+            for _, row in configs.nearest_best(session, spec, shape, dtype=dtype, chip_id=chip_row.id, k=5):
                 config = adapt(spec, row.config, shape, dtype, limits)
                 if config is not None:
                     return answer(config, "nearest", row)

@@ -13,7 +13,7 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
 - A key is (kernel, the registry's version of it, canonical shape, dtype,
   chip name). Each entry adds its ``count`` to its key: a batch is a count,
   so sending one twice counts twice (no idempotency). The key keeps the last
-  report's ``match`` and its first and last report times (the store's
+  report's ``match`` and its first and last report times (the database's
   clock). A batch is one transaction; ``accepted`` is its number of entries.
 - Misses on a chip no worker registered are counted (``chip_id`` NULL) but
   queue nothing: a chip's limits come only from its workers. The first
@@ -24,7 +24,7 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
   (``queued``, ``running``, ``validating``) on that chip, and demand never
   queued a job for it before. The job comes from a sweep named ``demand``
   (that shape and dtype, ``chips=[chip]``, ``trials``, backend ``torch`` or
-  else the kernel's first), made by the store's ``submit`` rules in the same
+  else the kernel's first), made by the sweeps' rules (:mod:`tiletune.service.jobs`) in the same
   transaction; its id is kept on the key and returned in ``queued_jobs``. At
   most one demand job per key: one that failed or was cancelled is for a
   person to look at and submit again.
@@ -49,13 +49,22 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import MissesCreate, MissesPublic, MissPublic, MissReport, SweepCreate
+from tiletune.client.wire import (
+    LIVE_JOB_STATES,
+    JobState,
+    MissesCreate,
+    MissesPublic,
+    MissPublic,
+    MissReport,
+    SweepCreate,
+)
 from tiletune.kernels import KernelSpec, Shape, all_kernels
-from tiletune.kernels.errors import InputError
-from tiletune.kernels.spec import DTYPES
-from tiletune.service.errors import InvalidInputError
+from tiletune.service import configs, jobs
+from tiletune.service.configs import JobKey
+from tiletune.service.database import Database, aware
+from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import JobRow, MissRow
-from tiletune.service.store import LIVE_STATES, JobKey, Store, aware, lookup_kernel
+from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 
 #: The name of the sweeps demand creates.
 DEMAND_SWEEP = "demand"
@@ -100,16 +109,16 @@ def demand_backend(spec: KernelSpec) -> str:
 class Misses:
     """Counts misses and queues demand jobs; see the module docstring for the contract."""
 
-    def __init__(self, store: Store, policy: MissPolicy = MissPolicy()) -> None:
-        self.store = store
+    def __init__(self, db: Database, policy: MissPolicy = MissPolicy()) -> None:
+        self.db = db
         self.policy = policy
 
     def report(self, batch: MissesCreate) -> MissesPublic:
         """Count a batch of misses and queue the keys the policy picks; all or nothing."""
         tallies = self._tally(batch.misses)
-        now = self.store.clock()
+        now = self.db.clock()
         queued = []
-        with self.store.sessions.begin() as session:
+        with self.db.write() as session:
             for key in sorted(tallies):
                 row = self._add(session, tallies[key], now)
                 job_id = self._maybe_queue(session, row)
@@ -127,7 +136,7 @@ class Misses:
         if chip is not None:
             query = query.where(MissRow.chip_name == chip)
         query = query.order_by(MissRow.count.desc(), MissRow.last_seen_at.desc(), MissRow.id).limit(limit)
-        with self.store.reads() as session:
+        with self.db.read() as session:
             return [_public(row) for row in session.scalars(query)]
 
     # -- counting ---------------------------------------------------------------------------
@@ -139,14 +148,8 @@ class Misses:
         for index, entry in enumerate(entries):
             where = f"misses[{index}]"
             spec = lookup_kernel(entry.kernel, field=f"{where}.kernel")
-            try:
-                shape = spec.parse_shape(entry.shape)
-            except InputError as error:
-                raise InvalidInputError(error.reason, field=f"{where}.{error.field}") from error
-            if entry.dtype not in DTYPES:
-                raise InvalidInputError(
-                    f"unknown dtype {entry.dtype!r}; choose one of {list(DTYPES)}", field=f"{where}.dtype"
-                )
+            shape = parse_shape(spec, entry.shape, f"{where}.shape")
+            check_dtype(entry.dtype, f"{where}.dtype")
             tally = _Tally(
                 spec, shape, spec.canonical_shape(shape), entry.dtype, entry.chip, entry.count, entry.match
             )
@@ -158,7 +161,7 @@ class Misses:
 
     def _add(self, session: Session, tally: _Tally, now: datetime) -> MissRow:
         """Add ``tally`` to its key's row (created if new) by an upsert; the row as it is now."""
-        chip = self.store.chip_by_name(session, tally.chip)
+        chip = chip_by_name(session, tally.chip)
         values: dict[str, Any] = {
             "kernel": tally.spec.name,
             "kernel_version": tally.spec.version,
@@ -207,7 +210,7 @@ class Misses:
         if threshold <= 0 or row.count < threshold or row.chip_id is None or row.job_id is not None:
             return None
         key = JobKey(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id)
-        if self.store.best_row(session, key) is not None or self._live_job(session, row, row.chip_id):
+        if configs.best_row(session, key) is not None or self._live_job(session, row, row.chip_id):
             return None
         spec = lookup_kernel(row.kernel)
         request = SweepCreate(
@@ -219,8 +222,10 @@ class Misses:
             trials=self.policy.trials,
             backend=demand_backend(spec),
         )
-        job = self.store.submit_in(session, request, max_jobs=1).jobs[0]
-        if job.state != "queued":
+        job = jobs.create_sweep(session, request, jobs.plan_sweep(request, max_jobs=1), self.db.clock()).jobs[
+            0
+        ]
+        if job.state != JobState.QUEUED:
             return None
         row.job_id = job.id
         return job.id
@@ -235,7 +240,7 @@ class Misses:
                 JobRow.kernel_version == row.kernel_version,
                 JobRow.shape_key == row.shape_key,
                 JobRow.dtype == row.dtype,
-                JobRow.state.in_(LIVE_STATES),
+                JobRow.state.in_(LIVE_JOB_STATES),
                 or_(JobRow.chip_id == chip_id, JobRow.chip_target == row.chip_name),
             )
             .limit(1)

@@ -1,44 +1,51 @@
-"""The job queue: leases in SQL, fenced by tokens, with time from an injected clock.
+"""The job queue: leases in SQL, fenced by tokens, time from the database's injected clock.
 
-Contract (one suite of tests runs it on SQLite and PostgreSQL):
+A repository: every method takes the caller's session and never commits (see
+:mod:`tiletune.service.database`). Contract (one suite of tests runs it on SQLite and
+PostgreSQL, through the worker protocol):
 
-- ``lease(worker_id)`` gives the worker the oldest job its chip and backends
-  can run (a ``queued`` job for its chip or for any chip, or a ``running`` job
-  of its chip with room for another worker) and returns the lease, or
-  ``None``. Claims are a compare-and-set on the job's ``active_leases``, so
-  two workers never both take the last place on a job; PostgreSQL also
-  selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do not wait
+- ``claim(session, worker, skipped)`` gives the worker the oldest job its chip and backends
+  can run (a ``queued`` job for its chip or for any chip, or a ``running`` job of its chip
+  with room for another worker) and returns the lease, or ``None``; ``Missed.RACE`` when another
+  claimer won the race or the job turned out tuned already. Claims are a compare-and-set on
+  the job's ``active_leases``, so two workers never both take the last place on a job;
+  PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do not wait
   on each other. A job of any chip binds to the chip that first leases it.
-- ``fence(session, token)`` returns the lease and its job for a write, or
-  raises :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown,
-  ended, or past ``expires_at`` by the clock (even before it is reaped).
-- ``heartbeat(token)`` moves ``expires_at`` to now + ``lease_s``.
-- ``end(session, lease, reason, failed)`` ends a lease; a job left with no
-  active lease goes back to ``queued`` unless it is finished, and a failed or
-  expired lease counts towards ``max_lease_failures``, after which the job
-  is ``failed`` with its reasons.
-- ``reap()`` ends every expired lease (as failed) and returns their job ids,
-  so the caller can abandon their outstanding trials.
+- ``fence(session, token)`` returns the lease and its job for a write, or raises
+  :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown, ended, or past
+  ``expires_at`` by the clock (even before it is reaped).
+- ``heartbeat(session, token)`` moves ``expires_at`` to now + ``lease_s``.
+- ``end(session, lease, job, reason, failed)`` ends a lease; a job left with no active lease
+  goes back to ``queued`` unless it is finished, and a failed or expired lease counts
+  towards ``max_lease_failures``, after which the job is ``failed`` with its reasons.
+- ``reap(session)`` ends every expired lease (as failed) and returns ``(job_id, lease_id)``
+  of each, so the caller can abandon their outstanding trials.
+
+Every change of a job's state is the lifecycle's (:mod:`tiletune.service.lifecycle`).
 """
 
 from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
+from enum import Enum
 
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import ANY_CHIP
+from tiletune.client.wire import ANY_CHIP, JobState
+from tiletune.service import lifecycle
+from tiletune.service.configs import JobKey, tuned_on_software
+from tiletune.service.database import Database, aware
 from tiletune.service.errors import LeaseLostError
+from tiletune.service.fleet import chip_limits
+from tiletune.service.lifecycle import Event
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, WorkerRow
-from tiletune.service.store import JobKey, Store, aware, chip_limits, lookup_kernel
+from tiletune.service.specs import lookup_kernel
 
-#: Claim attempts per ``lease`` call before giving up (others kept winning the race).
+#: Claim attempts per lease request before giving up (others kept winning the race).
 MAX_CLAIM_ATTEMPTS = 8
-
-FINISHED_STATES = ("done", "failed", "cancelled", "skipped")
 
 
 @dataclass(frozen=True)
@@ -50,41 +57,38 @@ class LeaseSettings:
     max_lease_failures: int = 3
 
 
-class JobQueue:
-    """Leases over the store's jobs; see the module docstring for the contract."""
+class Missed(Enum):
+    """A claim that did not happen this time, but another attempt may succeed."""
 
-    def __init__(self, store: Store, settings: LeaseSettings = LeaseSettings()) -> None:
-        self.store = store
+    RACE = "another claimer took the place, or the job was tuned already"
+
+
+class JobQueue:
+    """Leases over the jobs; see the module docstring for the contract."""
+
+    def __init__(self, db: Database, settings: LeaseSettings = LeaseSettings()) -> None:
+        self.db = db
         self.settings = settings
 
-    @property
-    def _postgres(self) -> bool:
-        bind = self.store.sessions.kw.get("bind")
-        return bind is not None and bind.dialect.name == "postgresql"
-
-    def lease(self, worker_id: int) -> tuple[LeaseRow, JobRow] | None:
-        """Claim a job for ``worker_id``; ``None`` when none is available to it now."""
-        skipped: set[int] = set()
-        for _ in range(MAX_CLAIM_ATTEMPTS):
-            with self.store.sessions.begin() as session:
-                worker = self.store.worker(session, worker_id)
-                job = self._candidate(session, worker, skipped)
-                if job is None:
-                    return None
-                if self._already_tuned(session, job, worker):
-                    skipped.add(job.id)
-                    continue
-                claimed = self._claim(session, job, worker)
-                if claimed is not None:
-                    return claimed
-        return None
+    def claim(
+        self, session: Session, worker: WorkerRow, skipped: set[int]
+    ) -> tuple[LeaseRow, JobRow] | Missed | None:
+        """One attempt at a lease for ``worker``; jobs in ``skipped`` (found tuned) are passed by."""
+        job = self._candidate(session, worker, skipped)
+        if job is None:
+            return None
+        if self._already_tuned(session, job, worker):
+            skipped.add(job.id)
+            return Missed.RACE
+        claimed = self._claim(session, job, worker)
+        return claimed if claimed is not None else Missed.RACE
 
     def _candidate(self, session: Session, worker: WorkerRow, skipped: set[int]) -> JobRow | None:
         chip_id = worker.chip_id
         chip = session.get_one(ChipRow, chip_id)
         open_job = or_(
-            (JobRow.state == "queued") & (JobRow.chip_target.in_([chip.name, ANY_CHIP])),
-            (JobRow.state == "running")
+            (JobRow.state == JobState.QUEUED) & (JobRow.chip_target.in_([chip.name, ANY_CHIP])),
+            (JobRow.state == JobState.RUNNING)
             & (JobRow.chip_id == chip_id)
             & (JobRow.active_leases < JobRow.workers_per_job),
         )
@@ -104,30 +108,29 @@ class JobQueue:
         if skipped:
             query = query.where(JobRow.id.not_in(skipped))
         query = query.order_by(JobRow.id).limit(1)
-        if self._postgres:
+        if self.db.postgres:
             query = query.with_for_update(skip_locked=True)
         return session.scalar(query)
 
     def _already_tuned(self, session: Session, job: JobRow, worker: WorkerRow) -> bool:
         """Mark a job of any chip ``skipped`` when this chip already tuned its key on this software."""
-        if job.force or job.chip_id is not None or job.state != "queued":
+        if job.force or job.chip_id is not None or job.state != JobState.QUEUED:
             return False
         key = JobKey(job.kernel, job.kernel_version, job.shape_key, job.dtype, worker.chip_id)
-        if not self.store.tuned_on_software(session, key, worker.software_id):
+        if not tuned_on_software(session, key, worker.software_id):
             return False
-        job.state = "skipped"
         job.chip_id = worker.chip_id
-        job.finished_at = job.updated_at = self.store.clock()
+        lifecycle.move(job, Event.ALREADY_TUNED, self.db.clock())
         return True
 
     def _claim(self, session: Session, job: JobRow, worker: WorkerRow) -> tuple[LeaseRow, JobRow] | None:
-        now = self.store.clock()
+        now = self.db.clock()
         claimed = session.execute(
             update(JobRow)
             .where(JobRow.id == job.id, JobRow.active_leases == job.active_leases, JobRow.state == job.state)
             .values(
                 active_leases=job.active_leases + 1,
-                state="running",
+                state=lifecycle.target(job.state, Event.CLAIMED),
                 chip_id=worker.chip_id,
                 updated_at=now,
             )
@@ -157,69 +160,66 @@ class JobQueue:
         Raises :class:`LeaseLostError` when the lease is unknown, ended or expired.
         """
         query = select(LeaseRow).where(LeaseRow.token == token)
-        if self._postgres:  # lease row, then job row: the order reap takes them in too
+        if self.db.postgres:  # lease row, then job row: the order reap takes them in too
             query = query.with_for_update()
         lease = session.scalar(query)
         if lease is None:
             raise LeaseLostError("no such lease; lease a job again", field="token")
         if lease.ended_at is not None:
             raise LeaseLostError(f"the lease ended: {lease.end_reason}", field="token")
-        if aware(lease.expires_at) <= self.store.clock():
+        if aware(lease.expires_at) <= self.db.clock():
             raise LeaseLostError("the lease expired; its job went back to the queue", field="token")
         job_query = select(JobRow).where(JobRow.id == lease.job_id)
-        if self._postgres:
+        if self.db.postgres:
             job_query = job_query.with_for_update()
         job = session.scalar(job_query)
         assert job is not None
         return lease, job
 
-    def heartbeat(self, token: str) -> LeaseRow:
+    def heartbeat(self, session: Session, token: str) -> tuple[LeaseRow, JobRow]:
         """Renew a live lease for another ``lease_s``."""
-        with self.store.sessions.begin() as session:
-            lease, _ = self.fence(session, token)
-            lease.expires_at = self.store.clock() + timedelta(seconds=self.settings.lease_s)
-            session.flush()
-            return lease
+        lease, job = self.fence(session, token)
+        lease.expires_at = self.db.clock() + timedelta(seconds=self.settings.lease_s)
+        session.flush()
+        return lease, job
 
     def end(self, session: Session, lease: LeaseRow, job: JobRow, reason: str, failed: bool) -> None:
         """End ``lease``; requeue or fail its job as the contract says."""
-        now = self.store.clock()
+        now = self.db.clock()
         lease.ended_at = now
         lease.end_reason = reason
         job.active_leases = max(0, job.active_leases - 1)
         job.updated_at = now
         if job.validator_lease_id == lease.id:
             job.validator_lease_id = None
-            if job.state == "validating":
-                job.state = "running"
+            if lifecycle.allows(job.state, Event.VALIDATOR_LEFT):
+                lifecycle.move(job, Event.VALIDATOR_LEFT, now)
         if failed:
             job.lease_failures += 1
             job.failure_reasons = [*job.failure_reasons, reason]
-        if job.state in FINISHED_STATES:
+        if lifecycle.is_final(job.state):
             return
         if job.lease_failures >= self.settings.max_lease_failures:
-            job.state = "failed"
-            job.finished_at = now
-        elif job.active_leases == 0:
-            job.state = "queued"
+            lifecycle.move(job, Event.TOO_MANY_FAILURES, now)
+        elif job.active_leases == 0 and lifecycle.allows(job.state, Event.LEASES_ENDED):
+            lifecycle.move(job, Event.LEASES_ENDED, now)
 
-    def expired(self, session: Session, now: datetime) -> list[LeaseRow]:
-        """Leases past their expiry and not yet ended."""
-        query = select(LeaseRow).where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at <= now)
-        if self._postgres:  # another replica reaping at once takes the others
-            query = query.with_for_update(skip_locked=True)
-        return [lease for lease in session.scalars(query) if aware(lease.expires_at) <= now]
-
-    def reap(self) -> list[tuple[int, int]]:
+    def reap(self, session: Session) -> list[tuple[int, int]]:
         """End every expired lease as failed; ``(job_id, lease_id)`` of each, for abandoning its trials."""
+        now = self.db.clock()
+        query = select(LeaseRow).where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at <= now)
+        if self.db.postgres:  # another replica reaping at once takes the others
+            query = query.with_for_update(skip_locked=True)
         reaped = []
-        with self.store.sessions.begin() as session:
-            for lease in self.expired(session, self.store.clock()):
-                job = session.get_one(JobRow, lease.job_id, with_for_update=self._postgres)
-                self.end(session, lease, job, f"lease {lease.id} expired without a heartbeat", failed=True)
-                reaped.append((job.id, lease.id))
+        for lease in session.scalars(query).all():
+            if aware(lease.expires_at) > now:
+                continue
+            job = session.get_one(JobRow, lease.job_id, with_for_update=self.db.postgres)
+            self.end(session, lease, job, f"lease {lease.id} expired without a heartbeat", failed=True)
+            reaped.append((job.id, lease.id))
         return reaped
 
-    def worker_of(self, session: Session, lease: LeaseRow) -> WorkerRow:
+    @staticmethod
+    def worker_of(session: Session, lease: LeaseRow) -> WorkerRow:
         """The worker holding ``lease``."""
         return session.get_one(WorkerRow, lease.worker_id)

@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 from tiletune.kernels import Config, DeviceLimits
 from tiletune.service.database import is_sqlite, normalize_url
 from tiletune.service.models import JobRow
-from tiletune.service.store import lookup_kernel
+from tiletune.service.specs import lookup_kernel
 from tiletune.tuner.search import Search, SearchSpace
 
 #: Optuna's journal file storage: ``journal:PATH``.

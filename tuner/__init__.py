@@ -1,9 +1,20 @@
-"""tiletune.tuner: measurement, search and local tuning.
+"""tiletune.tuner: measurement, search, local tuning and the worker.
 
-Owns the bench harness (``bench``: check against the reference, warm-up,
-repeated timing, interleaved comparison), the search (``search``: Optuna
-ask-and-tell over a kernel's space with its constraints), the replay device
-(``replay``: recorded tuning spaces), local tuning (``tune``) and the
-``tiletune`` command line (``cli``). Imports tiletune.kernels (and, later,
-tiletune.client's wire schemas); never tiletune.service.
+Modules:
+
+- ``bench``: honest measurement: check against the reference, warm-up, repeated timing,
+  interleaved comparison;
+- ``search``: the search driver, Optuna ask-and-tell over a kernel's space with its constraints;
+- ``finalists``: the finalist and winner policy (local tuning and the server share it);
+- ``tune``: local tuning (``tiletune tune``);
+- ``replay``: recorded tuning spaces as a device (no hardware, no noise);
+- ``worker``: the worker process that leases jobs from a server and measures them;
+- ``heartbeat``: the thread that keeps a worker's lease alive;
+- ``outcome``: bench results in the wire's terms (trial outcomes, validation results);
+- ``progress``: a progress bar on terminals (silent without tqdm).
+
+May import tiletune.kernels and tiletune.client (wire schemas, the REST client); never
+tiletune.service. ``worker``, ``heartbeat``, ``outcome`` and ``bench`` import no Optuna, so
+a worker node needs none; ``progress`` imports nothing of the project (the command line uses
+it on the base install).
 """

@@ -6,7 +6,8 @@ first trial, invalid configs are never run, every measured config is checked
 against the reference first. When the search stops (trial budget, time budget
 or convergence), the top few configs and the default are re-measured
 interleaved in one run, and the fastest of those is the answer, so the best
-config is never slower than the default within that run's spread.
+config is never slower than the default within that run's spread (the policy is
+:mod:`tiletune.tuner.finalists`', the server's too).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 from tiletune.kernels.device import Device, software_fingerprint
 from tiletune.kernels.spec import Config, KernelSpec, Shape
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.finalists import finalists, judge
 from tiletune.tuner.replay import ReplaySpace
 from tiletune.tuner.search import Search, SearchSpace
 
@@ -178,11 +180,12 @@ def tune(
         raise RuntimeError(f"no valid config of {spec.name} ran correctly for {spec.canonical_shape(shape)}")
 
     default_result = results.get(config_key(default)) or bench.evaluate(default)
-    finalists = [config for config, _ in search.best(options.validate_top)]
-    if default_result.ok and default not in finalists:
-        finalists.append(default)
-    validated = list(zip(finalists, bench.compare(finalists), strict=True))
-    best_config, best = min(validated, key=lambda pair: pair[1].median_ms)
+    top = [config for config, _ in search.best(options.validate_top)]
+    runs = finalists(top, default if default_result.ok else None)
+    validated = list(zip(runs, bench.compare(runs), strict=True))
+    verdict = judge([(config, m.median_ms) for config, m in validated], default)
+    assert verdict is not None  # the top configs ran correctly in the search
+    best_config, best = next((c, m) for c, m in validated if c == verdict.winner)
     default_measurement = next((m for c, m in validated if c == default), None)
     return TuneReport(
         kernel=spec.name,

@@ -63,6 +63,7 @@ from tiletune.client.calls import (
 )
 from tiletune.client.wire import (
     MAX_ASK,
+    AskPhase,
     ChipWire,
     Config,
     LeasedJob,
@@ -353,11 +354,11 @@ class Worker:
         while True:
             self._step(job)
             answer = self._api.ask(job.lease.token, self.batch)
-            if answer.phase == "search" and answer.tasks:
+            if answer.phase == AskPhase.SEARCH and answer.tasks:
                 self._search(job, answer.tasks)
-            elif answer.phase == "validate":
+            elif answer.phase == AskPhase.VALIDATE:
                 return self._validate(job, answer.validate_configs)
-            elif answer.phase == "done":
+            elif answer.phase == AskPhase.DONE:
                 return _Release("job done")
             else:  # wait, or a search with nothing to measure yet
                 self._sleep(self._poll_s)

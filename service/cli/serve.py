@@ -13,7 +13,7 @@ uvicorn, and stopping on SIGINT/SIGTERM.
   :class:`~tiletune.tuner.worker.Worker` on another. Ctrl-C (or SIGTERM) stops the worker
   first (it finishes its trial and releases its lease), then the server. ``--submit FILE``
   submits a sweep once both run and prints each job as it finishes, then a summary
-  (:mod:`tiletune.service.follow`); ``--until-done`` then stops the same way and exits
+  (:mod:`tiletune.service.cli.follow`); ``--until-done`` then stops the same way and exits
   0, or 1 when a job failed.
 
 FastAPI, uvicorn, SQLAlchemy, Alembic, Optuna, torch and the worker are imported inside the
@@ -346,7 +346,7 @@ def _serve(
 ) -> None:
     """Return on a stop signal, when a thread has ended, or (``--until-done``) once the sweep is finished.
 
-    The sweep, if any, is polled every :data:`~tiletune.service.remote.POLL_S` seconds until
+    The sweep, if any, is polled every :data:`~tiletune.service.cli.remote.POLL_S` seconds until
     it is finished; without ``--until-done`` serving goes on after it.
     """
     next_poll = time.monotonic() + POLL_S

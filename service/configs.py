@@ -1,0 +1,223 @@
+"""Best configs: keys, promotion, import, export, history, nearest tuned shapes. A repository.
+
+Functions take the caller's session and never commit (see :mod:`tiletune.service.database`).
+
+- :func:`promote` replaces a key's best config, appends to its history, and marks the
+  transaction as one that changes best configs (the generation moves after its commit);
+- :func:`import_configs` stores a bundle: an entry replaces a key's best only when the key
+  has none or the entry is faster, recorded in the history like a promotion (no job);
+- :func:`best_configs` is a chip's bulk export in one query; :func:`exact_public` one key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tiletune.client.nearest import nearest
+from tiletune.client.wire import BestConfigPublic, HistoryPoint
+from tiletune.kernels import KernelSpec
+from tiletune.service.database import configs_changed
+from tiletune.service.errors import InvalidInputError
+from tiletune.service.fleet import chip_by_name, newest_software_id, software_row
+from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow
+from tiletune.service.views import best_public, history_point
+
+
+@dataclass(frozen=True)
+class JobKey:
+    """What identifies a tuning result: kernel, version, canonical shape, dtype, chip."""
+
+    kernel: str
+    kernel_version: int
+    shape_key: str
+    dtype: str
+    chip_id: int
+
+    @classmethod
+    def of(cls, job: JobRow) -> JobKey:
+        """The key a job tunes (the job is bound to its chip)."""
+        assert job.chip_id is not None
+        return cls(job.kernel, job.kernel_version, job.shape_key, job.dtype, job.chip_id)
+
+
+@dataclass(frozen=True)
+class Winner:
+    """A config to promote for a key, with its measurement and provenance."""
+
+    shape: dict[str, int]
+    config: dict[str, int]
+    median_ms: float
+    default_config: dict[str, int] | None = None
+    default_ms: float | None = None
+    job_id: int | None = None
+    trial_id: int | None = None
+    software_id: int | None = None
+
+
+def best_row(session: Session, key: JobKey) -> BestConfigRow | None:
+    """The best config of ``key``, if one was promoted."""
+    return session.scalar(
+        select(BestConfigRow).where(
+            BestConfigRow.kernel == key.kernel,
+            BestConfigRow.kernel_version == key.kernel_version,
+            BestConfigRow.shape_key == key.shape_key,
+            BestConfigRow.dtype == key.dtype,
+            BestConfigRow.chip_id == key.chip_id,
+        )
+    )
+
+
+def tuned_on_software(session: Session, key: JobKey, software_id: int | None) -> bool:
+    """True when ``key`` has a best config measured with ``software_id``."""
+    best = best_row(session, key)
+    return best is not None and software_id is not None and best.software_id == software_id
+
+
+def tuned_on_newest_software(session: Session, key: JobKey) -> bool:
+    """True when ``key`` has a best config measured with the chip's newest software."""
+    return tuned_on_software(session, key, newest_software_id(session, key.chip_id))
+
+
+def promote(session: Session, key: JobKey, winner: Winner, now: datetime) -> BestConfigRow:
+    """Make ``winner`` the best config of ``key`` and append it to the history."""
+    best = best_row(session, key)
+    previous_ms = best.median_ms if best is not None else None
+    if best is None:
+        best = BestConfigRow(
+            kernel=key.kernel,
+            kernel_version=key.kernel_version,
+            shape_key=key.shape_key,
+            dtype=key.dtype,
+            chip_id=key.chip_id,
+        )
+        session.add(best)
+    fields = {
+        "config": winner.config,
+        "median_ms": winner.median_ms,
+        "default_ms": winner.default_ms,
+        "job_id": winner.job_id,
+        "trial_id": winner.trial_id,
+        "software_id": winner.software_id,
+        "promoted_at": now,
+    }
+    for name, value in fields.items():
+        setattr(best, name, value)
+    best.shape = winner.shape
+    best.default_config = winner.default_config
+    session.add(PromotionRow(**dataclasses.asdict(key), **fields, previous_ms=previous_ms))
+    session.flush()
+    configs_changed(session)
+    return best
+
+
+def import_configs(session: Session, configs: Sequence[BestConfigPublic], now: datetime) -> int:
+    """Store exported best configs (their chips must be known); how many changed a key's best."""
+    changed = 0
+    for index, entry in enumerate(configs):
+        chip = chip_by_name(session, entry.chip)
+        if chip is None:
+            raise InvalidInputError(
+                f"unknown chip {entry.chip!r}: register a worker first", f"configs[{index}].chip"
+            )
+        key = JobKey(entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype, chip.id)
+        best = best_row(session, key)
+        if best is not None and best.median_ms <= entry.median_ms:
+            continue
+        software = software_row(session, chip.id, entry.software, now)
+        winner = Winner(
+            shape=entry.shape,
+            config=entry.config,
+            median_ms=entry.median_ms,
+            default_config=entry.default_config,
+            default_ms=entry.default_ms,
+            software_id=software.id,
+        )
+        promote(session, key, winner, now)
+        changed += 1
+    return changed
+
+
+def exact_public(
+    session: Session, spec: KernelSpec, shape_key: str, dtype: str, chip: str
+) -> BestConfigPublic | None:
+    """The best config of a key named by its chip's name, with provenance, in one query."""
+    query = (
+        select(BestConfigRow, SoftwareRow.fingerprint)
+        .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
+        .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
+        .where(
+            ChipRow.name == chip,
+            BestConfigRow.kernel == spec.name,
+            BestConfigRow.kernel_version == spec.version,
+            BestConfigRow.shape_key == shape_key,
+            BestConfigRow.dtype == dtype,
+        )
+    )
+    found = session.execute(query).first()
+    if found is None:
+        return None
+    best, text = found
+    return best_public(best, chip, json.loads(text) if text else {})
+
+
+def best_configs(session: Session, chip: str, kernel: str | None = None) -> list[BestConfigPublic]:
+    """Every best config of a chip (optionally one kernel), for bulk export and prefetch (one query)."""
+    query = (
+        select(BestConfigRow, SoftwareRow.fingerprint)
+        .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
+        .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
+        .where(ChipRow.name == chip)
+    )
+    if kernel is not None:
+        query = query.where(BestConfigRow.kernel == kernel)
+    fingerprints: dict[str | None, dict[str, str | None]] = {None: {}}
+    entries = []
+    for best, text in session.execute(query.order_by(BestConfigRow.kernel, BestConfigRow.shape_key)):
+        if text not in fingerprints:
+            fingerprints[text] = json.loads(text)
+        entries.append(best_public(best, chip, fingerprints[text]))
+    return entries
+
+
+def nearest_best(
+    session: Session, spec: KernelSpec, shape: dict[str, int], *, dtype: str, chip_id: int, k: int = 1
+) -> list[tuple[float, BestConfigRow]]:
+    """The ``k`` best configs of the nearest tuned shapes (same kernel version, dtype, chip)."""
+    rows = session.scalars(
+        select(BestConfigRow).where(
+            BestConfigRow.kernel == spec.name,
+            BestConfigRow.kernel_version == spec.version,
+            BestConfigRow.dtype == dtype,
+            BestConfigRow.chip_id == chip_id,
+        )
+    ).all()
+    categorical = {dim.name for dim in spec.dims if dim.categorical}
+    return nearest(shape, ((row.shape, row.shape_key, row) for row in rows), categorical, k)
+
+
+def history(
+    session: Session, kernel: str, shape_key: str, dtype: str, chip: str | None = None
+) -> list[HistoryPoint]:
+    """Every promotion of a shape's best config, oldest first (across versions, software, chips)."""
+    query = select(PromotionRow, ChipRow.name).join(ChipRow, ChipRow.id == PromotionRow.chip_id)
+    query = query.where(PromotionRow.kernel == kernel)
+    query = query.where(PromotionRow.shape_key == shape_key, PromotionRow.dtype == dtype)
+    if chip is not None:
+        query = query.where(ChipRow.name == chip)
+    rows = session.execute(query.order_by(PromotionRow.promoted_at, PromotionRow.id))
+    return [history_point(session, row, chip_name) for row, chip_name in rows]
+
+
+def counts(session: Session) -> dict[str, Any]:
+    """Jobs by state and the number of best configs (for /metrics and the dashboard)."""
+    by_state = dict(session.execute(select(JobRow.state, func.count()).group_by(JobRow.state)).all())
+    best = session.scalar(select(func.count()).select_from(BestConfigRow)) or 0
+    return {"jobs": {str(k): int(v) for k, v in by_state.items()}, "best_configs": int(best)}

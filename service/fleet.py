@@ -1,0 +1,107 @@
+"""The fleet: chips and their limits, software fingerprints, workers. A repository.
+
+Functions take the caller's session and never commit (see :mod:`tiletune.service.database`).
+
+- :func:`register_worker` creates or updates the chip (limits) and records the software
+  fingerprint beside it, then the worker;
+- :func:`touch_worker` finds a worker and marks it seen (every lease call does);
+- a software fingerprint is stored once per (chip, canonical JSON text).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import ChipWire, WorkerCreate
+from tiletune.kernels import DeviceLimits
+from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.models import ChipRow, SoftwareRow, WorkerRow
+
+
+def fingerprint_text(software: dict[str, str | None]) -> str:
+    """A software fingerprint as canonical JSON (equal text means equal software)."""
+    return json.dumps(software, sort_keys=True, separators=(",", ":"))
+
+
+def chip_limits(chip: ChipRow) -> DeviceLimits:
+    """The constraint limits a chip registered (its kind too: some constraints differ on NPUs)."""
+    return DeviceLimits(chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, kind=chip.kind)
+
+
+def chip_by_name(session: Session, name: str) -> ChipRow | None:
+    """The chip registered under ``name``, if any."""
+    return session.scalar(select(ChipRow).where(ChipRow.name == name))
+
+
+def register_worker(session: Session, request: WorkerCreate, now: datetime) -> tuple[WorkerRow, ChipRow]:
+    """Record a worker, its chip (limits updated) and its software fingerprint."""
+    for index, backend in enumerate(request.backends):
+        if not backend:
+            raise InvalidInputError("backend names must not be empty", field=f"backends[{index}]")
+    chip = _upsert_chip(session, request.chip, now)
+    software = software_row(session, chip.id, request.software, now)
+    worker = WorkerRow(
+        name=request.name,
+        chip_id=chip.id,
+        software_id=software.id,
+        backends=list(request.backends),
+        kernels=list(request.kernels),
+        kernel_versions=dict(request.kernel_versions),
+        registered_at=now,
+        last_seen_at=now,
+    )
+    session.add(worker)
+    session.flush()
+    return worker, chip
+
+
+def _upsert_chip(session: Session, wire: ChipWire, now: datetime) -> ChipRow:
+    chip = chip_by_name(session, wire.name)
+    if chip is None:
+        chip = ChipRow(name=wire.name, created_at=now)
+        session.add(chip)
+    chip.kind = wire.kind
+    chip.local_memory_bytes = wire.local_memory_bytes
+    chip.max_buffer_num = wire.max_buffer_num
+    chip.alignment_bytes = wire.alignment_bytes
+    chip.updated_at = now
+    session.flush()
+    return chip
+
+
+def software_row(
+    session: Session, chip_id: int, software: dict[str, str | None], now: datetime
+) -> SoftwareRow:
+    """The row of a chip's software fingerprint, created on first sight."""
+    text = fingerprint_text(software)
+    row = session.scalar(
+        select(SoftwareRow).where(SoftwareRow.chip_id == chip_id, SoftwareRow.fingerprint == text)
+    )
+    if row is None:
+        row = SoftwareRow(chip_id=chip_id, fingerprint=text, first_seen_at=now)
+        session.add(row)
+        session.flush()
+    return row
+
+
+def newest_software_id(session: Session, chip_id: int) -> int | None:
+    """The id of the software the chip's workers registered last."""
+    return session.scalar(
+        select(SoftwareRow.id)
+        .where(SoftwareRow.chip_id == chip_id)
+        .order_by(SoftwareRow.first_seen_at.desc(), SoftwareRow.id.desc())
+        .limit(1)
+    )
+
+
+def touch_worker(session: Session, worker_id: int, now: datetime) -> WorkerRow:
+    """The worker ``worker_id``, marked seen at ``now``; :class:`NotFoundError` otherwise."""
+    worker = session.get(WorkerRow, worker_id)
+    if worker is None:
+        raise NotFoundError(f"no worker {worker_id}; register first", field="worker_id")
+    worker.last_seen_at = now
+    return worker

@@ -1,0 +1,176 @@
+"""Sweeps and jobs: a sweep planned from its request, its jobs created, rows found. A repository.
+
+Functions take the caller's session and never commit (see :mod:`tiletune.service.database`).
+
+- :func:`plan_sweep` validates a request against the kernels' specs before anything is
+  written (errors name the field: ``kernels[1].shapes[0].n``, ``dtypes[2]``) and lists its
+  keys, one per (kernel, shape, dtype, chip target), shapes de-duplicated;
+- :func:`create_sweep` writes the sweep and one job per key, born as the lifecycle says:
+  ``skipped`` when the key is already tuned on that chip with the same kernel version and
+  the chip's newest software (unless ``force``), else ``queued``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import ANY_CHIP, JobState, SweepCreate, SweepPublic
+from tiletune.kernels import KernelSpec, Shape
+from tiletune.service import lifecycle
+from tiletune.service.configs import JobKey, tuned_on_newest_software
+from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.fleet import chip_by_name
+from tiletune.service.models import JobRow, SweepRow, TrialRow
+from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
+from tiletune.service.views import sweep_public
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    """One job a sweep will create."""
+
+    spec: KernelSpec
+    shape: Shape
+    dtype: str
+    chip_target: str
+
+
+def plan_sweep(request: SweepCreate, max_jobs: int) -> list[PlannedJob]:
+    """Every job of a valid sweep; :class:`InvalidInputError` naming the field otherwise."""
+    parts = _parse_parts(request)
+    for index, dtype in enumerate(request.dtypes):
+        check_dtype(dtype, f"dtypes[{index}]")
+    for spec, _ in parts:
+        if request.backend is not None and request.backend not in spec.backends():
+            raise InvalidInputError(
+                f"kernel {spec.name} has no backend {request.backend!r}; "
+                f"choose one of {list(spec.backends())}",
+                field="backend",
+            )
+    chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
+    dtypes = list(dict.fromkeys(request.dtypes))
+    planned = [
+        PlannedJob(spec, s, d, c) for spec, shapes in parts for s in shapes for d in dtypes for c in chips
+    ]
+    if len(planned) > max_jobs:
+        raise InvalidInputError(
+            f"the sweep makes {len(planned)} jobs; at most {max_jobs} are allowed", "shapes"
+        )
+    return planned
+
+
+def _parse_parts(request: SweepCreate) -> list[tuple[KernelSpec, list[Shape]]]:
+    """Each kernel of the sweep with its parsed, de-duplicated shapes; errors name the field."""
+    parts = []
+    for position, part in enumerate(request.parts()):
+        where = "" if request.kernel and position == 0 else f"kernels[{position - bool(request.kernel)}]."
+        spec = lookup_kernel(part.kernel, field=f"{where}kernel")
+        shapes = [parse_shape(spec, shape, f"{where}shapes[{i}]") for i, shape in enumerate(part.shapes)]
+        parts.append((spec, list({spec.canonical_shape(s): s for s in shapes}.values())))
+    return parts
+
+
+def create_sweep(
+    session: Session, request: SweepCreate, planned: Sequence[PlannedJob], now: datetime
+) -> SweepPublic:
+    """Write the sweep and its jobs (see the module docstring); the sweep as the API shows it."""
+    kernels = list(dict.fromkeys(job.spec.name for job in planned))
+    sweep = SweepRow(
+        name=request.name, kernels=kernels, request=request.model_dump(mode="json"), created_at=now
+    )
+    session.add(sweep)
+    session.flush()
+    for job in planned:
+        session.add(_new_job(session, sweep.id, job, request, now))
+    session.flush()
+    return sweep_public(session, sweep)
+
+
+def _new_job(
+    session: Session, sweep_id: int, planned: PlannedJob, request: SweepCreate, now: datetime
+) -> JobRow:
+    spec = planned.spec
+    chip = chip_by_name(session, planned.chip_target) if planned.chip_target != ANY_CHIP else None
+    shape_key = spec.canonical_shape(planned.shape)
+    tuned = (
+        chip is not None
+        and not request.force
+        and tuned_on_newest_software(
+            session, JobKey(spec.name, spec.version, shape_key, planned.dtype, chip.id)
+        )
+    )
+    state = lifecycle.born(already_tuned=tuned)
+    return JobRow(
+        sweep_id=sweep_id,
+        kernel=spec.name,
+        kernel_version=spec.version,
+        shape=planned.shape,
+        shape_key=shape_key,
+        dtype=planned.dtype,
+        chip_target=planned.chip_target,
+        chip_id=chip.id if chip is not None else None,
+        backend=request.backend or spec.backends()[0],
+        strategy=request.strategy,
+        trials=request.trials,
+        max_time_s=request.max_time_s,
+        patience=request.patience,
+        seed=request.seed,
+        workers_per_job=request.workers_per_job,
+        validate_top=request.validate_top,
+        force=request.force,
+        state=state,
+        active_leases=0,
+        lease_failures=0,
+        failure_reasons=[],
+        created_at=now,
+        updated_at=now,
+        finished_at=now if lifecycle.is_final(state) else None,
+    )
+
+
+def job_row(session: Session, job_id: int) -> JobRow:
+    """The job ``job_id``; :class:`NotFoundError` otherwise."""
+    job = session.get(JobRow, job_id)
+    if job is None:
+        raise NotFoundError(f"no job {job_id}", field="job_id")
+    return job
+
+
+def sweep_row(session: Session, sweep_id: int) -> SweepRow:
+    """The sweep ``sweep_id``; :class:`NotFoundError` otherwise."""
+    sweep = session.get(SweepRow, sweep_id)
+    if sweep is None:
+        raise NotFoundError(f"no sweep {sweep_id}", field="sweep_id")
+    return sweep
+
+
+def sweep_rows(session: Session, limit: int = 50, offset: int = 0) -> Sequence[SweepRow]:
+    """Sweeps, newest first."""
+    return session.scalars(select(SweepRow).order_by(SweepRow.id.desc()).limit(limit).offset(offset)).all()
+
+
+def job_rows(
+    session: Session, state: JobState | None = None, limit: int = 100, offset: int = 0
+) -> Sequence[JobRow]:
+    """Jobs, newest first, optionally in one state."""
+    query = select(JobRow).order_by(JobRow.id.desc()).limit(limit).offset(offset)
+    if state is not None:
+        query = query.where(JobRow.state == state)
+    return session.scalars(query).all()
+
+
+def job_rows_of_sweep(session: Session, sweep_id: int) -> Sequence[JobRow]:
+    """The jobs of a sweep, in order; :class:`NotFoundError` for no sweep."""
+    sweep_row(session, sweep_id)
+    return session.scalars(select(JobRow).where(JobRow.sweep_id == sweep_id).order_by(JobRow.id)).all()
+
+
+def trial_rows(session: Session, job_id: int) -> Sequence[TrialRow]:
+    """Every trial of a job, in the order asked (validation runs last); :class:`NotFoundError` for no job."""
+    job_row(session, job_id)
+    return session.scalars(select(TrialRow).where(TrialRow.job_id == job_id).order_by(TrialRow.id)).all()

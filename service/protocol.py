@@ -1,0 +1,344 @@
+"""The worker protocol: register, lease, heartbeat, ask, tell, complete, release; reaping, cancelling.
+
+Ties the queue (leases), the searches (one Optuna study per job) and the repositories
+together; each operation is one transaction (:meth:`Database.write`). Guarantees:
+
+- every write under a lease is fenced by its token
+  (:class:`~tiletune.service.errors.LeaseLostError` and nothing changed otherwise);
+- ``ask`` hands out new valid configs as trials (rows ``asked``); when the search is done
+  it hands one lease the final validation (:func:`tiletune.tuner.finalists.finalists`: the
+  top configs, the default and the key's current best), to be measured interleaved;
+- ``tell`` is idempotent per trial: a repeated outcome is counted once;
+- ``complete`` promotes the fastest validated config only when it beats the key's current
+  best in that same run (:func:`tiletune.tuner.finalists.judge`), then ends the job;
+- a lease that ends without a tell (released, expired) abandons its outstanding trials:
+  they are failed in the study and asked again.
+
+Job states change only through :mod:`tiletune.service.lifecycle`.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import (
+    MAX_ASK,
+    AskPhase,
+    AskPublic,
+    CompleteCreate,
+    Config,
+    JobPublic,
+    JobState,
+    LeasedJob,
+    LeasePublic,
+    ReleaseCreate,
+    Task,
+    TellCreate,
+    TellPublic,
+    TrialOutcome,
+    TrialState,
+    WorkerCreate,
+    WorkerPublic,
+)
+from tiletune.service import configs, fleet, jobs, lifecycle
+from tiletune.service.configs import JobKey, Winner
+from tiletune.service.database import Database, aware
+from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
+from tiletune.service.lifecycle import Event
+from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
+from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
+from tiletune.service.specs import lookup_kernel
+from tiletune.service.studies import StudyHost
+from tiletune.service.trials import asked_trial, record_outcome, validation_rows
+from tiletune.service.views import job_public, worker_public
+from tiletune.tuner.finalists import finalists, judge
+from tiletune.tuner.search import Search
+
+#: Nearest tuned shapes whose best configs seed a new job's search.
+WARM_START_NEIGHBOURS = 3
+
+
+class WorkerProtocol:
+    """The worker protocol over the database, the queue and the jobs' searches."""
+
+    def __init__(self, db: Database, queue: JobQueue, studies: StudyHost) -> None:
+        self.db = db
+        self.queue = queue
+        self.studies = studies
+
+    # -- workers and leases -----------------------------------------------------------------
+
+    def register(self, request: WorkerCreate) -> WorkerPublic:
+        """Record a worker and its chip; workers of a new chip registering at once race, the loser retries."""
+        try:
+            return self._register(request)
+        except IntegrityError:
+            return self._register(request)
+
+    def _register(self, request: WorkerCreate) -> WorkerPublic:
+        with self.db.write() as session:
+            worker, chip = fleet.register_worker(session, request, self.db.clock())
+            return worker_public(worker, chip, dict(request.software))
+
+    def lease(self, worker_id: int) -> LeasePublic | None:
+        """A lease on a job this worker can run, or ``None``."""
+        self.reap()
+        skipped: set[int] = set()
+        for _ in range(MAX_CLAIM_ATTEMPTS):
+            with self.db.write() as session:
+                worker = fleet.touch_worker(session, worker_id, self.db.clock())
+                claimed = self.queue.claim(session, worker, skipped)
+                if claimed is None:
+                    return None
+                if not isinstance(claimed, Missed):
+                    return self._lease_public(*claimed)
+        return None
+
+    def heartbeat(self, token: str) -> LeasePublic:
+        """Renew a lease."""
+        with self.db.write() as session:
+            return self._lease_public(*self.queue.heartbeat(session, token))
+
+    def _lease_public(self, lease: LeaseRow, job: JobRow) -> LeasePublic:
+        settings = self.queue.settings
+        assert job.default_config is not None
+        return LeasePublic(
+            token=lease.token,
+            job=LeasedJob(
+                id=job.id,
+                kernel=job.kernel,
+                kernel_version=job.kernel_version,
+                shape=job.shape,
+                dtype=job.dtype,
+                backend=job.backend,
+                default_config=job.default_config,
+            ),
+            expires_at=aware(lease.expires_at),
+            lease_s=settings.lease_s,
+            heartbeat_s=settings.heartbeat_s,
+        )
+
+    # -- ask --------------------------------------------------------------------------------
+
+    def ask(self, token: str, n: int = 1) -> AskPublic:
+        """Up to ``n`` configs to measure, or the validation, or ``wait`` / ``done``."""
+        if not 1 <= n <= MAX_ASK:
+            raise InvalidInputError(f"n must be between 1 and {MAX_ASK}, got {n}", field="n")
+        job_id = self._job_of(token)
+        with self.studies.lock(job_id), self.db.write() as session:
+            lease, job = self.queue.fence(session, token)
+            if lifecycle.is_final(job.state):
+                return AskPublic(phase=AskPhase.DONE)
+            if job.state == JobState.VALIDATING:
+                if job.validator_lease_id != lease.id:
+                    return AskPublic(phase=AskPhase.DONE)
+                return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
+            search = self._search(session, job)
+            candidates = search.ask(n)
+            if candidates:
+                now = self.db.clock()
+                for candidate in candidates:
+                    session.add(
+                        TrialRow(
+                            job_id=job.id,
+                            number=candidate.trial_id,
+                            lease_id=lease.id,
+                            phase="search",
+                            config=candidate.config,
+                            state=TrialState.ASKED,
+                            asked_at=now,
+                        )
+                    )
+                tasks = [Task(trial_id=c.trial_id, config=c.config) for c in candidates]
+                return AskPublic(phase=AskPhase.SEARCH, tasks=tasks)
+            if search.outstanding:
+                return AskPublic(phase=AskPhase.WAIT)
+            lifecycle.move(job, Event.SEARCH_DONE, self.db.clock())
+            job.validator_lease_id = lease.id
+            return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
+
+    def _job_of(self, token: str) -> int:
+        """The id of the lease's job, read without locks so its search lock can be taken first.
+
+        Only the fence inside the write transaction that follows decides whether the lease is live.
+        """
+        with self.db.read() as session:
+            job_id = session.scalar(select(LeaseRow.job_id).where(LeaseRow.token == token))
+        if job_id is None:
+            raise LeaseLostError("no such lease; lease a job again", field="token")
+        return job_id
+
+    def _search(self, session: Session, job: JobRow) -> Search:
+        """The job's search (hold its lock); a new one is warm-started from the nearest tuned shapes."""
+        found = self.studies.cached(job.id)
+        if found is not None:
+            return found
+        assert job.chip_id is not None
+        limits = fleet.chip_limits(session.get_one(ChipRow, job.chip_id))
+        spec = lookup_kernel(job.kernel)
+        neighbours = configs.nearest_best(
+            session, spec, dict(job.shape), dtype=job.dtype, chip_id=job.chip_id, k=WARM_START_NEIGHBOURS + 1
+        )
+        warm = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
+        search = self.studies.search(job, limits, warm[:WARM_START_NEIGHBOURS])
+        self._reconcile(session, job, search)
+        return search
+
+    @staticmethod
+    def _reconcile(session: Session, job: JobRow, search: Search) -> None:
+        """Abandon study trials that no lease holds (asked when the server stopped, never handed out)."""
+        held = set(
+            session.scalars(
+                select(TrialRow.number).where(TrialRow.job_id == job.id, TrialRow.state == TrialState.ASKED)
+            )
+        )
+        for number in search.outstanding_ids:
+            if number not in held:
+                search.abandon(number, "asked but never handed out (the server stopped)")
+
+    def _finalists(self, session: Session, job: JobRow) -> list[Config]:
+        """The configs of the job's validation run (see :func:`tiletune.tuner.finalists.finalists`)."""
+        top = [config for config, _ in self._search(session, job).best(job.validate_top)]
+        best = configs.best_row(session, JobKey.of(job))
+        return finalists(top, job.default_config, best.config if best is not None else None)
+
+    # -- tell -------------------------------------------------------------------------------
+
+    def tell(self, token: str, request: TellCreate) -> TellPublic:
+        """Record outcomes of asked trials; a repeated outcome is counted once."""
+        job_id = self._job_of(token)
+        accepted = repeated = 0
+        with self.studies.lock(job_id), self.db.write() as session:
+            lease, job = self.queue.fence(session, token)
+            search = self._search(session, job) if not lifecycle.is_final(job.state) else None
+            now = self.db.clock()
+            for index, outcome in enumerate(request.outcomes):
+                trial = asked_trial(session, job, lease, outcome.trial_id, index)
+                if trial.state != TrialState.ASKED:
+                    repeated += 1
+                    continue
+                _check_outcome(outcome, index)
+                record_outcome(job, trial, outcome, now)
+                if search is not None:
+                    time_ms = outcome.measurement.median_ms if outcome.measurement else None
+                    search.tell(trial.number or 0, time_ms, _reason(outcome))
+                accepted += 1
+            job.updated_at = now
+        return TellPublic(accepted=accepted, repeated=repeated)
+
+    # -- complete, release, cancel, reap ----------------------------------------------------
+
+    def complete(self, token: str, request: CompleteCreate) -> JobPublic:
+        """Take the validation run, promote its winner if it beats the key's best, end the job."""
+        job_id = self._job_of(token)
+        with self.studies.lock(job_id), self.db.write() as session:
+            lease, job = self.queue.fence(session, token)
+            if job.state != JobState.VALIDATING or job.validator_lease_id != lease.id:
+                raise ConflictError(f"job {job.id} is not waiting for this lease's validation", field="token")
+            expected = self._finalists(session, job)
+            for index, result in enumerate(request.results):
+                if result.config not in expected:
+                    raise InvalidInputError(
+                        "not one of the configs asked to validate", f"results[{index}].config"
+                    )
+            rows = validation_rows(session, job, lease, request, self.db.clock())
+            measured = [(row, row.median_ms) for row in rows if row.median_ms is not None]
+            incumbent = configs.best_row(session, JobKey.of(job))
+            verdict = judge(
+                [(row.config, ms) for row, ms in measured],
+                job.default_config,
+                incumbent.config if incumbent is not None else None,
+            )
+            if verdict is None:
+                self.queue.end(session, lease, job, "validation: no config ran correctly", failed=True)
+                self.studies.forget(job.id)
+                return job_public(session, job)
+            winner_row = next(row for row, _ in measured if row.config == verdict.winner)
+            job.best_ms, job.best_config = verdict.winner_ms, verdict.winner
+            job.default_ms = verdict.default_ms if verdict.default_ms is not None else job.default_ms
+            if verdict.promote:
+                winner = Winner(
+                    shape=job.shape,
+                    config=verdict.winner,
+                    median_ms=verdict.winner_ms,
+                    default_config=job.default_config,
+                    default_ms=verdict.default_ms,
+                    job_id=job.id,
+                    trial_id=winner_row.id,
+                    software_id=self.queue.worker_of(session, lease).software_id,
+                )
+                configs.promote(session, JobKey.of(job), winner, self.db.clock())
+            lifecycle.move(job, Event.VALIDATED, self.db.clock())
+            self.queue.end(session, lease, job, "completed", failed=False)
+            self.studies.forget(job.id)
+            return job_public(session, job)
+
+    def release(self, token: str, request: ReleaseCreate) -> JobPublic:
+        """End a lease by the worker's wish; its outstanding trials are asked again later."""
+        job_id = self._job_of(token)
+        with self.studies.lock(job_id), self.db.write() as session:
+            lease, job = self.queue.fence(session, token)
+            self._abandon(session, job, lease.id, f"lease released: {request.reason}")
+            self.queue.end(session, lease, job, request.reason, failed=request.failed)
+            return job_public(session, job)
+
+    def reap(self) -> int:
+        """Return the jobs of expired leases to the queue and abandon their outstanding trials."""
+        with self.db.write() as session:
+            reaped = self.queue.reap(session)
+        for job_id, lease_id in reaped:
+            with self.studies.lock(job_id), self.db.write() as session:
+                self._abandon(session, session.get_one(JobRow, job_id), lease_id, "lease expired")
+        return len(reaped)
+
+    def _abandon(self, session: Session, job: JobRow, lease_id: int, reason: str) -> None:
+        """Mark the lease's asked trials abandoned, in our rows and in the job's study."""
+        asked = session.scalars(
+            select(TrialRow).where(
+                TrialRow.job_id == job.id, TrialRow.lease_id == lease_id, TrialRow.state == TrialState.ASKED
+            )
+        ).all()
+        if not asked:
+            return
+        search = self._search(session, job)
+        now = self.db.clock()
+        for trial in asked:
+            trial.state = TrialState.ABANDONED
+            trial.reason = reason
+            trial.told_at = now
+            if trial.number is not None and trial.number in search.outstanding_ids:
+                search.abandon(trial.number, reason)
+
+    def cancel_job(self, job_id: int) -> JobPublic:
+        """Cancel a job that has not finished; its leases see ``done`` at their next ask."""
+        with self.studies.lock(job_id), self.db.write() as session:
+            job = jobs.job_row(session, job_id)
+            if lifecycle.allows(job.state, Event.CANCELLED):
+                lifecycle.move(job, Event.CANCELLED, self.db.clock())
+            self.studies.forget(job_id)
+            return job_public(session, job)
+
+    def cancel_sweep(self, sweep_id: int) -> None:
+        """Cancel every unfinished job of a sweep."""
+        with self.db.read() as session:
+            live = [
+                job.id for job in jobs.job_rows_of_sweep(session, sweep_id) if lifecycle.is_live(job.state)
+            ]
+        for job_id in live:
+            self.cancel_job(job_id)
+
+
+def _check_outcome(outcome: TrialOutcome, index: int) -> None:
+    given = [outcome.measurement is not None, outcome.invalid is not None, outcome.error is not None]
+    if sum(given) != 1:
+        raise InvalidInputError(
+            "give exactly one of measurement, invalid or error", field=f"outcomes[{index}]"
+        )
+
+
+def _reason(outcome: TrialOutcome) -> str | None:
+    if outcome.invalid is not None:
+        return f"invalid on the worker: {outcome.invalid}"
+    return outcome.error

@@ -1,0 +1,87 @@
+"""Trials: the asked trial behind an outcome, an outcome recorded on it and its job, validation rows.
+
+A repository: functions take the caller's session and never commit (see
+:mod:`tiletune.service.database`). Trial states are the wire's
+:class:`~tiletune.client.wire.TrialState`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import CompleteCreate, TrialOutcome, TrialState
+from tiletune.service.errors import ConflictError, InvalidInputError
+from tiletune.service.models import JobRow, LeaseRow, TrialRow
+
+
+def asked_trial(session: Session, job: JobRow, lease: LeaseRow, number: int, index: int) -> TrialRow:
+    """Trial ``number`` of ``job``; refused when it does not exist or another lease holds it."""
+    trial = session.scalar(select(TrialRow).where(TrialRow.job_id == job.id, TrialRow.number == number))
+    if trial is None:
+        raise InvalidInputError(f"job {job.id} has no trial {number}", field=f"outcomes[{index}].trial_id")
+    if trial.lease_id != lease.id and trial.state == TrialState.ASKED:
+        raise ConflictError(
+            f"trial {number} was asked under another lease", field=f"outcomes[{index}].trial_id"
+        )
+    return trial
+
+
+def record_outcome(job: JobRow, trial: TrialRow, outcome: TrialOutcome, now: datetime) -> None:
+    """Record ``outcome`` on ``trial`` and count it in ``job``'s progress (best so far, default's time)."""
+    trial.told_at = now
+    measurement = outcome.measurement
+    if measurement is not None and outcome.error is None and outcome.invalid is None:
+        trial.state = TrialState.MEASURED
+        trial.median_ms = measurement.median_ms
+        trial.p10_ms = measurement.p10_ms
+        trial.p90_ms = measurement.p90_ms
+        trial.min_ms = measurement.min_ms
+        trial.samples = measurement.samples
+        trial.pruned = measurement.pruned
+        job.completed += 1
+        if job.best_ms is None or measurement.median_ms < job.best_ms:
+            job.best_ms = measurement.median_ms
+            job.best_config = trial.config
+        if trial.config == job.default_config:
+            job.default_ms = measurement.median_ms
+    elif outcome.invalid is not None:
+        trial.state = TrialState.INVALID
+        trial.reason = outcome.invalid
+        job.invalid += 1
+    else:
+        trial.state = TrialState.FAILED
+        trial.reason = outcome.error
+        job.failed += 1
+
+
+def validation_rows(
+    session: Session, job: JobRow, lease: LeaseRow, request: CompleteCreate, now: datetime
+) -> list[TrialRow]:
+    """One ``validate`` trial per result of the final interleaved run (``validated`` or ``failed``)."""
+    rows = []
+    for result in request.results:
+        m = result.measurement
+        ran = m is not None and result.error is None
+        row = TrialRow(
+            job_id=job.id,
+            number=None,
+            lease_id=lease.id,
+            phase="validate",
+            config=result.config,
+            state=TrialState.VALIDATED if ran else TrialState.FAILED,
+            median_ms=m.median_ms if m and result.error is None else None,
+            p10_ms=m.p10_ms if m else None,
+            p90_ms=m.p90_ms if m else None,
+            min_ms=m.min_ms if m else None,
+            samples=m.samples if m else None,
+            reason=result.error,
+            asked_at=now,
+            told_at=now,
+        )
+        session.add(row)
+        rows.append(row)
+    session.flush()
+    return rows
