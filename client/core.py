@@ -157,7 +157,7 @@ class ClientCore:
             self.memo.pop(key, None)
         return len(due)
 
-    def _forget_answers(self) -> None:
+    def forget_answers(self) -> None:
         """Drop remembered answers (new entries arrived)."""
         self.memo.clear()
         self.provisional.clear()
@@ -297,7 +297,7 @@ class ClientCore:
         with self.lock:
             self.load_disk()
             changed = self.known.add_bundle(bundle)
-            self._forget_answers()
+            self.forget_answers()
         return changed
 
     # -- misses --------------------------------------------------------------------------------

@@ -119,7 +119,7 @@ def target(state: str, event: Event) -> JobState:
     """The state ``event`` takes a job in ``state`` to; :class:`IllegalTransitionError` if none."""
     found = TRANSITIONS.get((JobState(state), event))
     if found is None:
-        raise IllegalTransitionError(f"a job in state {state!r} cannot be {event.value!r}")
+        raise IllegalTransitionError(f"a job in state {str(state)!r} cannot be {event.value!r}")
     return found.to
 
 

@@ -10,11 +10,11 @@ Modules:
 - ``replay``: recorded tuning spaces as a device (no hardware, no noise);
 - ``worker``: the worker process that leases jobs from a server and measures them;
 - ``heartbeat``: the thread that keeps a worker's lease alive;
-- ``outcome``: bench results in the wire's terms (trial outcomes, validation results);
+- ``result``: bench results in the wire's terms (trial outcomes, validation results);
 - ``progress``: a progress bar on terminals (silent without tqdm).
 
 May import tiletune.kernels and tiletune.client (wire schemas, the REST client); never
-tiletune.service. ``worker``, ``heartbeat``, ``outcome`` and ``bench`` import no Optuna, so
+tiletune.service. ``worker``, ``heartbeat``, ``result`` and ``bench`` import no Optuna, so
 a worker node needs none; ``progress`` imports nothing of the project (the command line uses
 it on the base install).
 """

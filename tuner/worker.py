@@ -36,7 +36,7 @@ Guarantees:
   it is a configuration error, and retrying would not help.
 
 Speaks HTTP only through :class:`~tiletune.client.api.ServiceApi`; the lease's heartbeats
-are :mod:`tiletune.tuner.heartbeat`'s, the outcomes' wire form :mod:`tiletune.tuner.outcome`'s.
+are :mod:`tiletune.tuner.heartbeat`'s, the outcomes' wire form :mod:`tiletune.tuner.result`'s.
 Imports httpx, pydantic (the wire schemas), tiletune.kernels and the bench harness; never
 Optuna, SQLAlchemy, FastAPI or tiletune.service, so a worker node needs none of them.
 """
@@ -78,7 +78,7 @@ from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import torch_dtype
 from tiletune.tuner.bench import BenchSettings, KernelBench
 from tiletune.tuner.heartbeat import Heartbeat
-from tiletune.tuner.outcome import outcome_of, validated_results
+from tiletune.tuner.result import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
 
