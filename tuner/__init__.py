@@ -2,7 +2,9 @@
 
 Owns the bench harness (``bench``: check against the reference, warm-up,
 repeated timing, interleaved comparison), the search (``search``: Optuna
-ask-and-tell over a kernel's space with its constraints), the replay device
+ask-and-tell over a kernel's space with its constraints, the driver over
+``space``, ``encoding``, ``strategy``, ``surrogate``, ``neighbourhood``,
+``sampler``, ``record``, ``outcome`` and ``budget``), the replay device
 (``replay``: recorded tuning spaces), local tuning (``tune``) and the
 ``tiletune`` command line (``cli``). Imports tiletune.kernels (and, later,
 tiletune.client's wire schemas); never tiletune.service.
