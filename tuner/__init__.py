@@ -4,7 +4,13 @@ Modules:
 
 - ``bench``: honest measurement: check against the reference, warm-up, repeated timing,
   interleaved comparison;
-- ``search``: the search driver, Optuna ask-and-tell over a kernel's space with its constraints;
+- ``search``: the search driver, Optuna ask-and-tell over a kernel's space with its constraints,
+  over its parts: ``space`` (what may be searched, the valid configs), ``encoding`` (configs
+  as keys and Optuna params), ``strategy`` (the strategies, ``tpe``'s options and schedule),
+  ``surrogate`` (the model of which unmeasured configs are likely fast), ``neighbourhood``
+  (local search around the best), ``sampler`` (Optuna's TPE, masked to usable configs),
+  ``record`` (what was measured, the ranking, counts), ``outcome`` (trial outcomes in the
+  Optuna study), ``budget`` (when a search stops);
 - ``finalists``: the finalist and winner policy (local tuning and the server share it);
 - ``tune``: local tuning (``tiletune tune``);
 - ``replay``: recorded tuning spaces as a device (no hardware, no noise);

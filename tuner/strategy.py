@@ -1,0 +1,94 @@
+"""The strategies a search may follow, the ``tpe`` strategy's options and its schedule.
+
+``grid`` measures every valid config once (the ground truth); ``random`` is
+plain random search, Optuna's ``RandomSampler`` with invalid and repeated
+proposals rejected (what we compare against); ``tpe`` (default) is ours, see
+:class:`TpeOptions`: after the seeds and a few random configs it interleaves
+three sources of proposals, all recorded as trials of one study:
+
+- a *model* (:mod:`tiletune.tuner.surrogate`): a Bayesian linear model of log
+  time over knob values and pairs of values, fit on every measurement;
+  Thompson sampling from it picks the best unmeasured valid config of the
+  whole space (finds the good regions, not only the basin of the best config so far);
+- *local search*: the most promising (by the model) unmeasured valid neighbour
+  (one knob changed) of the best configs so far (finishes a region off);
+- Optuna's multivariate TPE (constant liar; its acquisition is masked so that
+  it proposes new valid configs only, :mod:`tiletune.tuner.sampler`).
+
+Contract: :class:`TpeOptions` validates itself on construction (``ValueError``
+naming the options); :class:`Schedule` is deterministic: each turn lists every
+source, the one with the most accumulated share first, so over many turns each
+source leads in proportion to its share.
+
+Imports the standard library only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+STRATEGIES = ("tpe", "random", "grid")
+
+
+@dataclass(frozen=True)
+class TpeOptions:
+    """How the ``tpe`` strategy mixes its sources; defaults chosen on the replay benchmark.
+
+    - ``n_startup``: uniform random valid configs measured after the seeds, at
+      most a quarter of ``max_trials`` when the search has one (a small budget
+      goes to guided search, not to random draws);
+    - ``model_share`` / ``local_share``: fractions of the later asks given to
+      the model (Thompson sampling) and to local search; TPE gets the rest;
+    - ``local_top``: local search looks at the neighbours of this many best configs;
+    - ``model_temperature``: scale of the posterior noise in Thompson sampling
+      (1 = plain Thompson sampling; lower exploits more);
+    - ``model_pair_prior``: prior variance of a pair-of-values weight relative to a
+      single value's; ``model_pair_bins``: knobs with more values are binned (by
+      adjacent values) into this many for pair features, which bounds the cost;
+    - ``model_trend_prior``: prior variance of a trend weight (linear or
+      quadratic in a knob's position) relative to a single value's;
+    - ``n_ei_candidates``: samples TPE draws per proposal (Optuna's option).
+
+    The model needs the valid space enumerated (knob product at most
+    ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search
+    takes neighbours in order.
+    """
+
+    n_startup: int = 10
+    model_share: float = 0.45
+    local_share: float = 0.45
+    local_top: int = 8
+    model_temperature: float = 0.35
+    model_pair_prior: float = 0.5
+    model_pair_bins: int = 16
+    model_trend_prior: float = 16.0
+    n_ei_candidates: int = 24
+
+    def __post_init__(self) -> None:
+        shares = (self.model_share, self.local_share)
+        if any(not 0.0 <= share <= 1.0 for share in shares) or sum(shares) > 1.0 + 1e-9:
+            raise ValueError("options: model_share and local_share must be in [0, 1] and sum to at most 1")
+        if self.n_startup < 0 or self.local_top < 1 or self.model_pair_bins < 0 or self.n_ei_candidates < 1:
+            raise ValueError(
+                "options: n_startup >= 0, local_top >= 1, model_pair_bins >= 0, n_ei_candidates >= 1"
+            )
+        if self.model_temperature < 0 or self.model_pair_prior <= 0 or self.model_trend_prior <= 0:
+            raise ValueError(
+                "options: model_temperature >= 0, model_pair_prior > 0 and model_trend_prior > 0"
+            )
+
+
+class Schedule:
+    """Interleaves sources by share: each turn, the sources in order of accumulated credit."""
+
+    def __init__(self, shares: Mapping[str, float]) -> None:
+        self._shares = dict(shares)
+        self._credit = dict.fromkeys(shares, 0.0)
+
+    def turn(self) -> list[str]:
+        for name, share in self._shares.items():
+            self._credit[name] += share
+        order = sorted(self._credit, key=lambda name: -self._credit[name])
+        self._credit[order[0]] -= 1.0
+        return order

@@ -1,0 +1,191 @@
+"""The surrogate model of the ``tpe`` strategy: which unmeasured configs are likely fast.
+
+Contract: :class:`PairModel` is built over the enumerated valid keys of a
+space; ``add`` learns a successful measurement, ``take`` marks a key measured
+or outstanding (never proposed again), ``propose`` returns an available key
+(Thompson sampling) or ``None`` before two measurements or when none is left,
+and ``most_promising`` ranks given keys by the posterior mean. It never
+measures, never touches Optuna, and is deterministic for a given ``seed``.
+
+Imports numpy, threadpoolctl, :mod:`tiletune.tuner.encoding`, :mod:`tiletune.tuner.strategy`
+(its options) and the standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from tiletune.tuner.encoding import Encoding, Key
+from tiletune.tuner.strategy import TpeOptions
+
+
+class PairModel:
+    """A Bayesian linear model of log time over knob values, pairs of values and trends.
+
+    Features: one per value of each knob, one per pair of (binned) values
+    of two knobs, and per knob of three or more values a linear and a
+    quadratic trend over its position (values are ordered), over the
+    enumerated valid configs. The value features learn what was measured;
+    the trends carry it to values not measured yet (tiles twice as large as
+    the best so far, when time has fallen with tile size). Learns from every
+    successful measurement (failures say nothing about speed and are left
+    out), so it knows which values and combinations are fast across the whole
+    space. ``propose`` is Thompson sampling: draw weights from the posterior
+    (noise scaled by ``temperature``) and return the unmeasured valid config
+    with the lowest prediction; ``most_promising`` ranks given configs by the
+    posterior mean.
+    """
+
+    def __init__(
+        self,
+        enc: Encoding,
+        keys: Sequence[Key],
+        *,
+        pair_bins: int,
+        pair_prior: float,
+        trend_prior: float,
+        temperature: float,
+        seed: int | None,
+    ) -> None:
+        """Settings as in :class:`~tiletune.tuner.strategy.TpeOptions` (``model_*``)."""
+        keys_array = np.asarray(keys, dtype=np.int32).reshape(len(keys), len(enc.sizes))
+        columns, width, main_width = self._columns(enc, keys_array, pair_bins)
+        self._features = np.stack(columns, axis=1) if columns else np.zeros((len(keys), 0), np.int32)
+        self._trends = self._trend_columns(enc, keys_array)
+        self._trend_start = width
+        width += self._trends.shape[1]
+        self._keys = list(keys)
+        self._rows = {key: row for row, key in enumerate(self._keys)}
+        self._available = np.ones(len(self._keys), dtype=bool)
+        self._xtx = np.zeros((width, width))
+        self._xty = np.zeros(width)
+        self._ys: list[float] = []
+        self._prior_scale = np.ones(width)
+        self._prior_scale[main_width : self._trend_start] = pair_prior
+        self._prior_scale[self._trend_start :] = trend_prior
+        self._temperature = temperature
+        self._rng = np.random.default_rng(seed)
+        self._fit: tuple[Any, Any] | None = None
+        self._fitted_at = 0
+
+    @classmethod
+    def from_options(
+        cls, enc: Encoding, keys: Sequence[Key], options: TpeOptions, seed: int | None
+    ) -> PairModel:
+        """The model with the ``model_*`` settings of ``options``."""
+        return cls(
+            enc,
+            keys,
+            pair_bins=options.model_pair_bins,
+            pair_prior=options.model_pair_prior,
+            trend_prior=options.model_trend_prior,
+            temperature=options.model_temperature,
+            seed=seed,
+        )
+
+    @staticmethod
+    def _columns(enc: Encoding, keys: Any, pair_bins: int) -> tuple[list[Any], int, int]:
+        """Feature index columns (main effects, then pairs), total width, width of intercept + mains."""
+        columns: list[Any] = []
+        width = 1  # feature 0 is the intercept
+        for i in enc.free:
+            columns.append(keys[:, i] + width)
+            width += enc.sizes[i]
+        main_width = width
+        if pair_bins > 0:
+            bins = {i: min(enc.sizes[i], pair_bins) for i in enc.free}
+            binned = {i: keys[:, i] * bins[i] // enc.sizes[i] for i in enc.free}
+            for a, i in enumerate(enc.free):
+                for j in enc.free[a + 1 :]:
+                    columns.append(binned[i] * bins[j] + binned[j] + width)
+                    width += bins[i] * bins[j]
+        return columns, width, main_width
+
+    @staticmethod
+    def _trend_columns(enc: Encoding, keys: Any) -> Any:
+        """Per knob of 3+ values: its position scaled to [-1, 1], and that squared (centred)."""
+        trends = []
+        for i in enc.free:
+            if enc.sizes[i] >= 3:
+                position = keys[:, i] * (2.0 / (enc.sizes[i] - 1)) - 1.0
+                trends += [position, position**2 - 1.0 / 3.0]
+        if not trends:
+            return np.zeros((len(keys), 0))
+        return np.stack(trends, axis=1)
+
+    def _predict(self, weights: Any, rows: Any) -> Any:
+        """Predicted log time (less the intercept) of the configs at ``rows`` under ``weights``."""
+        predicted = weights[self._features[rows]].sum(axis=1)
+        if self._trends.shape[1]:
+            predicted = predicted + self._trends[rows] @ weights[self._trend_start :]
+        return predicted
+
+    def take(self, key: Key) -> None:
+        """Never propose ``key`` (measured or outstanding)."""
+        row = self._rows.get(key)
+        if row is not None:
+            self._available[row] = False
+
+    def add(self, key: Key, time_ms: float) -> None:
+        """Learn a successful measurement."""
+        row = self._rows.get(key)
+        if row is None:
+            return
+        self.take(key)
+        trends = self._trends[row]
+        features = np.concatenate(([0], self._features[row], self._trend_start + np.arange(trends.size)))
+        values = np.concatenate((np.ones(1 + self._features.shape[1]), trends))
+        y = math.log(time_ms)
+        self._xtx[np.ix_(features, features)] += np.outer(values, values)
+        self._xty[features] += values * y
+        self._ys.append(y)
+
+    def propose(self) -> Key | None:
+        """Thompson sampling: the best unmeasured valid config under a posterior draw."""
+        rows = np.flatnonzero(self._available)
+        if rows.size == 0 or len(self._ys) < 2:
+            return None
+        mean, root = self._posterior()
+        weights = mean + self._temperature * (root @ self._rng.standard_normal(len(mean)))
+        predicted = self._predict(weights, rows)
+        return self._keys[int(rows[int(np.argmin(predicted))])]
+
+    def most_promising(self, keys: Sequence[Key]) -> Key:
+        """The key with the lowest posterior-mean prediction (the first before there is data)."""
+        if len(self._ys) < 2:
+            return keys[0]
+        mean = self._posterior()[0]
+        predicted = self._predict(mean, np.asarray([self._rows[key] for key in keys]))
+        return keys[int(np.argmin(predicted))]
+
+    def _posterior(self) -> tuple[Any, Any]:
+        """Posterior mean of the weights and a root ``R`` of their covariance (``R @ R.T``).
+
+        The fit (Cholesky, cubic in the number of features) is redone after
+        each new measurement early on and after every 1/16 more later, which
+        keeps the cost per ask in milliseconds.
+        """
+        count = len(self._ys)
+        if self._fit is None or count - self._fitted_at >= max(1, count // 16):
+            self._fit = self._refit()
+            self._fitted_at = count
+        return self._fit
+
+    def _refit(self) -> tuple[Any, Any]:
+        ys = np.asarray(self._ys)
+        prior_var = max(float(ys.var()), 1e-6) * self._prior_scale
+        noise_var = float(prior_var[0]) / 4.0
+        precision = self._xtx / noise_var + np.diag(1.0 / prior_var)
+        precision[0, 0] = self._xtx[0, 0] / noise_var + 1e-9  # a flat prior on the intercept
+        rhs = (self._xty - float(ys.mean()) * self._xtx[0]) / noise_var
+        # One BLAS thread: the fit is small, and idle BLAS threads spinning on the
+        # other cores would disturb the measurement that follows on a small machine.
+        with threadpool_limits(limits=1, user_api="blas"):
+            inverse_root = np.linalg.inv(np.linalg.cholesky(precision))  # L^-1 where precision = L L^T
+        mean = inverse_root.T @ (inverse_root @ rhs)
+        return mean, inverse_root.T
