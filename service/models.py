@@ -61,6 +61,19 @@ class Base(DeclarativeBase):
     }
 
 
+class TokenRow(Base):
+    """A bearer token: its role and name; only a SHA-256 digest of the secret is stored."""
+
+    __tablename__ = "tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    role: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
 class ChipRow(Base):
     """A chip workers run on: its registered name, kind and the limits constraints use."""
 
@@ -102,6 +115,9 @@ class WorkerRow(Base):
     kernels: Mapped[list[str]]
     #: Kernel name -> the version this worker runs (jobs of other versions pass it by).
     kernel_versions: Mapped[JsonDict | None]
+    #: The token (``tokens.id``) the worker registered with: only it may lease and write as this
+    #: worker. No foreign key (tokens are revoked, never deleted; SQLite adds no key in place).
+    token_id: Mapped[int | None]
     registered_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
 
@@ -115,6 +131,8 @@ class SweepRow(Base):
     name: Mapped[str | None] = mapped_column(String(200))
     kernels: Mapped[list[str]]
     request: Mapped[JsonDict]
+    #: The token (``tokens.id``) that submitted it: a submitter may cancel only its own sweeps.
+    owner_token_id: Mapped[int | None]
     created_at: Mapped[datetime]
 
 

@@ -24,8 +24,8 @@ from tiletune.kernels.device import CpuDevice
 from tiletune.service.cli import main
 from tiletune.service.cli.local import REPLAY_DIR_ENV
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
-from tiletune.tuner.result import outcome_of, validated_results
 from tiletune.tuner.replay import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
+from tiletune.tuner.result import outcome_of, validated_results
 from tiletune.tuner.worker import STOP_REASON, Worker, WorkerRejectedError
 
 #: Nothing listens on the discard port: connections are refused at once.
