@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from tiletune.kernels.device import Device
+from tiletune.kernels.native_spec import preferred_backend
 from tiletune.kernels.spec import Config, KernelSpec, Shape
 
 
@@ -240,7 +241,8 @@ class KernelBench:
 
     Inputs and the reference output are built once, on construction. Every
     ``evaluate`` checks the config's constraint, then its output, then times it.
-    ``backend`` is the implementation ``spec.run`` uses (default: the spec's first).
+    ``backend`` is the implementation ``spec.run`` uses (default: :func:`preferred_backend`,
+    i.e. ``native`` on CPUs where the kernel has it, else the spec's first).
     """
 
     spec: KernelSpec
@@ -252,7 +254,7 @@ class KernelBench:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.implementation = self.backend or self.spec.backends()[0]
+        self.implementation = self.backend or preferred_backend(self.spec, self.device.kind)
         self.inputs = self.spec.make_inputs(self.shape, self.dtype, self.device.torch_device, self.seed)
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
