@@ -14,6 +14,9 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PIN)
 	$(BIN)/pip install --quiet $(TORCH_PIN) -e ".[dev]" --config-settings editable_mode=strict
+	# The native CPU kernels: compiled once (ninja from PyPI, the machine's g++) into a cache keyed by
+	# sources, torch and CPU; a no-op when built. Importing tiletune.kernels never compiles.
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tiletune.kernels.native_build
 
 # The strict editable install is a tree of links to the sources: cheap to redo, and
 # redone before checks so new modules are seen (mypy follows it; the default finder it does not).

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import torch
 
 from tiletune.kernels.errors import ShapeError
+from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -46,11 +47,15 @@ class AddSpec(KernelSpec):
     version = 1
     description = "elementwise a + b over n elements (the Ascend C hello-world)"
     dims = (Dim("n", "number of elements"),)
-    knobs = (
+    knobs: tuple[Knob, ...] = (
         Knob("tile_size", TILE_SIZES, "elements per tile", clamp_to="n"),
         BUFFER_NUM,
         PIPELINE_DEPTH,
     )
+
+    def backends(self) -> tuple[str, ...]:
+        """``torch`` (portable), and ``native`` (the C++ CPU kernel) where it is built here."""
+        return native_backends()
 
     def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """Three queues (a, b, out) of ``buffer_num`` tiles each."""
@@ -90,7 +95,9 @@ class AddSpec(KernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled ``a + b`` through the pipeline executor."""
+        """Tiled ``a + b`` through the pipeline executor (``native``: the C++ kernel)."""
+        if backend == NATIVE_BACKEND:
+            return run_native("add", inputs, config, shape)
         require_backend(self.backends(), backend)
         a, b = (t.reshape(-1) for t in inputs)  # flat: n elements, whatever the callers' sizes
         out = torch.empty_like(a)

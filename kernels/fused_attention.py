@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -216,12 +217,16 @@ class FusedAttentionSpec(KernelSpec):
         Dim("head_dim", "features per head"),
         Dim("causal", "1: query i attends keys j <= i (top-left aligned)", choices=(0, 1)),
     )
-    knobs = (
+    knobs: tuple[Knob, ...] = (
         Knob("block_q", BLOCKS, "queries per output tile", clamp_to="seq_q"),
         Knob("block_kv", BLOCKS, "keys/values per step", clamp_to="seq_kv"),
         BUFFER_NUM,
         PIPELINE_DEPTH,
     )
+
+    def backends(self) -> tuple[str, ...]:
+        """``torch`` (portable), and ``native`` (the C++ CPU kernel) where it is built here."""
+        return native_backends()
 
     def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """Per (batch, head): Q/K/V queues, float32 accumulators, scores and row statistics."""
@@ -292,7 +297,9 @@ class FusedAttentionSpec(KernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled attention through the pipeline executor."""
+        """Tiled attention through the pipeline executor (``native``: the C++ kernel)."""
+        if backend == NATIVE_BACKEND:
+            return run_native("fused_attention", inputs, config, shape)
         require_backend(self.backends(), backend)
         b, h, d = shape["batch"], shape["heads"], shape["head_dim"]
         bh, bq, bkv, buffers = b * h, config["block_q"], config["block_kv"], config["buffer_num"]

@@ -44,6 +44,7 @@ import torch
 
 from tiletune.kernels.device import get_device
 from tiletune.kernels.errors import InputError, ShapeError
+from tiletune.kernels.native_spec import preferred_backend
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape, dtype_name, torch_dtype
 
@@ -224,7 +225,8 @@ def launch(
     whose spec has no ``shape_of``; never because of the config.
     """
     selection = select_config(kernel, *tensors, client=client, dtype=dtype, **dims)
-    return selection.spec.run(tensors, selection.config, selection.shape)
+    backend = preferred_backend(selection.spec, _device_kind(tensors))  # CPUs: native where built
+    return selection.spec.run(tensors, selection.config, selection.shape, backend)
 
 
 def tiled(

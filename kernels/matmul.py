@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -61,13 +62,17 @@ class MatmulSpec(KernelSpec):
     version = 1
     description = "C = A @ B with A m x k and B k x n, float32 accumulation"
     dims = (Dim("m", "rows of A and C"), Dim("n", "columns of B and C"), Dim("k", "the reduced dim"))
-    knobs = (
+    knobs: tuple[Knob, ...] = (
         Knob("tile_m", TILES, "rows of an output tile", clamp_to="m"),
         Knob("tile_n", TILES, "columns of an output tile", clamp_to="n"),
         Knob("tile_k", TILES, "depth of one k step", clamp_to="k"),
         BUFFER_NUM,
         PIPELINE_DEPTH,
     )
+
+    def backends(self) -> tuple[str, ...]:
+        """``torch`` (portable), and ``native`` (the C++ CPU kernel) where it is built here."""
+        return native_backends()
 
     def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """Input queues for A and B tiles, float32 accumulators per output slot, low-precision scratch."""
@@ -115,7 +120,9 @@ class MatmulSpec(KernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled matmul through the pipeline executor."""
+        """Tiled matmul through the pipeline executor (``native``: the C++ kernel)."""
+        if backend == NATIVE_BACKEND:
+            return run_native("matmul", inputs, config, shape)
         require_backend(self.backends(), backend)
         a, b = inputs
         tm, tn, tk, buffers = (config[k] for k in ("tile_m", "tile_n", "tile_k", "buffer_num"))

@@ -35,6 +35,15 @@ TRITON_MODULES = (
     "triton_matmul",
     "triton_fused_attention",
 )
+#: Their native CPU implementations (C++ in ``kernels/csrc``): separate kernels with the portable
+#: knobs plus ``block_dim``. Importing them never compiles; ``supports("cpu")`` says if they are built.
+NATIVE_MODULES = (
+    "native_add",
+    "native_softmax",
+    "native_rms_norm",
+    "native_matmul",
+    "native_fused_attention",
+)
 
 
 def _as_spec(obj: object, origin: str) -> KernelSpec:
@@ -46,10 +55,10 @@ def _as_spec(obj: object, origin: str) -> KernelSpec:
 
 
 def builtin_kernels() -> dict[str, KernelSpec]:
-    """The kernels shipped with tiletune, by name: the portable ones, then their Triton versions."""
+    """The kernels shipped with tiletune, by name: the portable ones, their Triton and native versions."""
     specs = [
         _as_spec(importlib.import_module(f"tiletune.kernels.{module}").SPEC, module)
-        for module in (*BUILTIN_MODULES, *TRITON_MODULES)
+        for module in (*BUILTIN_MODULES, *TRITON_MODULES, *NATIVE_MODULES)
     ]
     return {spec.name: spec for spec in specs}
 

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.native_spec import NATIVE_BACKEND, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.softmax import FLOAT32_BYTES, RowBuffers, RowKernelSpec, row_plan
 from tiletune.kernels.spec import Config, Shape, element_size, expect_ndim, expect_size
@@ -76,7 +77,9 @@ class RmsNormSpec(RowKernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled rms_norm through the pipeline executor."""
+        """Tiled rms_norm through the pipeline executor (``native``: the C++ kernel)."""
+        if backend == NATIVE_BACKEND:
+            return run_native("rms_norm", inputs, config, shape)
         require_backend(self.backends(), backend)
         cols = shape["cols"]
         x, w = inputs[0].reshape(-1, cols), inputs[1]  # rows x cols, whatever the caller's leading dims

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from tiletune.kernels.errors import ShapeError
+from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
@@ -111,7 +112,7 @@ class RowKernelSpec(KernelSpec):
     """
 
     dims = (Dim("rows", "independent rows"), Dim("cols", "elements per row (the reduced dim)"))
-    knobs = (
+    knobs: tuple[Knob, ...] = (
         Knob("tile_rows", TILE_ROWS, "rows per tile", clamp_to="rows"),
         Knob(
             "tile_cols", TILE_COLS, "columns per tile (< cols: two passes over column tiles)", clamp_to="cols"
@@ -122,6 +123,10 @@ class RowKernelSpec(KernelSpec):
 
     #: The tensors ``run`` takes, in order (``x`` first).
     input_names: tuple[str, ...] = ("x",)
+
+    def backends(self) -> tuple[str, ...]:
+        """``torch`` (portable), and ``native`` (the C++ CPU kernel) where it is built here."""
+        return native_backends()
 
     def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
         """``cols``: the last dim of ``x``; ``rows``: all its other dims together (1 for a vector)."""
@@ -250,7 +255,9 @@ class SoftmaxSpec(RowKernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled softmax through the pipeline executor."""
+        """Tiled softmax through the pipeline executor (``native``: the C++ kernel)."""
+        if backend == NATIVE_BACKEND:
+            return run_native("softmax", inputs, config, shape)
         require_backend(self.backends(), backend)
         x = inputs[0].reshape(-1, shape["cols"])  # rows x cols, whatever the caller's leading dims
         out = torch.empty_like(x)

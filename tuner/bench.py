@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,9 @@ from typing import Any
 import torch
 
 from tiletune.kernels.device import Device
+from tiletune.kernels.native_spec import preferred_backend
 from tiletune.kernels.spec import Config, KernelSpec, Shape
+from tiletune.kernels.vendor import vendor_op
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,11 @@ class BenchSettings:
     or, when a best time is known, evidence that the config cannot win: its
     fastest sample, or the median of ``min_samples``, over ``prune_ratio`` times
     that best (it is marked ``pruned``).
+
+    ``settle_s``: measurement isolation. Before a measurement, and before every sample of
+    an interleaved run, the harness sleeps this long so the thread pool a previous callable
+    woke (torch's OpenMP team spins after a parallel op) has gone back to sleep; every
+    candidate then starts from the same idle machine, whatever ran before it.
     """
 
     warmup_runs: int = 2
@@ -47,6 +55,7 @@ class BenchSettings:
     target_rel_ci: float = 0.01
     prune_ratio: float | None = 2.0
     flush_bytes: int = 0
+    settle_s: float = 0.001
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,12 @@ def median_rel_ci(samples_ms: Sequence[float]) -> float:
     return (high - low) / (2 * median) if median > 0 else 0.0
 
 
+def settle(settings: BenchSettings) -> None:
+    """Let the previous callable's threads go idle (see :attr:`BenchSettings.settle_s`)."""
+    if settings.settle_s > 0:
+        time.sleep(settings.settle_s)
+
+
 class CacheFlusher:
     """Evicts the caches between timed runs by writing a buffer larger than them (optional)."""
 
@@ -161,6 +176,7 @@ def measure(
     """
     prune_ms = best_known_ms * settings.prune_ratio if best_known_ms and settings.prune_ratio else math.inf
     flush = CacheFlusher(device, settings.flush_bytes)
+    settle(settings)
     for _ in range(settings.warmup_runs):
         warmup_ms = device.time_ms(fn)
         if warmup_ms > 2 * prune_ms:
@@ -193,7 +209,8 @@ def measure_interleaved(
 
     Each round runs every callable once, rotating the order; rounds continue
     until each has ``min_samples`` and the total budget (``budget_s`` per
-    callable) is spent, or ``max_samples`` rounds.
+    callable) is spent, or ``max_samples`` rounds. Every sample is preceded by a
+    settle step (:func:`settle`), so a callable's time does not depend on which ran before.
     """
     flush = CacheFlusher(device, settings.flush_bytes)
     for fn in fns:
@@ -207,6 +224,8 @@ def measure_interleaved(
         for offset in range(len(fns)):
             index = (round_index + offset) % len(fns)
             flush()
+            if len(fns) > 1:
+                settle(settings)
             sample = device.time_ms(fns[index])
             samples[index].append(sample)
             spent_ms += sample
@@ -240,7 +259,8 @@ class KernelBench:
 
     Inputs and the reference output are built once, on construction. Every
     ``evaluate`` checks the config's constraint, then its output, then times it.
-    ``backend`` is the implementation ``spec.run`` uses (default: the spec's first).
+    ``backend`` is the implementation ``spec.run`` uses (default: :func:`preferred_backend`,
+    i.e. ``native`` on CPUs where the kernel has it, else the spec's first).
     """
 
     spec: KernelSpec
@@ -252,7 +272,7 @@ class KernelBench:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        self.implementation = self.backend or self.spec.backends()[0]
+        self.implementation = self.backend or preferred_backend(self.spec, self.device.kind)
         self.inputs = self.spec.make_inputs(self.shape, self.dtype, self.device.torch_device, self.seed)
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
@@ -301,3 +321,73 @@ class KernelBench:
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
         """Re-measure already-checked configs interleaved in one run; same order as given."""
         return measure_interleaved([self.runner(c) for c in configs], self.device, self.settings)
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    """One row of a comparison: a config (or the vendor op: ``config`` None) and its measurement.
+
+    ``invalid`` says why a row was not timed (a constraint, a crash, a wrong result).
+    """
+
+    config: Config | None
+    measurement: Measurement | None
+    is_default: bool
+    is_vendor: bool
+    invalid: str | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """``{config, median_ms, p10_ms, p90_ms, samples, is_default, is_vendor}`` (+ ``invalid``)."""
+        row: dict[str, Any] = {"config": self.config}
+        if self.measurement is not None:
+            m = self.measurement
+            row.update(median_ms=m.median_ms, p10_ms=m.p10_ms, p90_ms=m.p90_ms, samples=m.samples)
+        else:
+            row.update(median_ms=None, invalid=self.invalid)
+        row.update(is_default=self.is_default, is_vendor=self.is_vendor)
+        return row
+
+
+def vendor_runner(bench: KernelBench) -> Callable[[], object] | None:
+    """A no-argument callable running the kernel's vendor op (torch's own) on the bench's inputs."""
+    op = vendor_op(bench.spec, bench.shape)
+    if op is None:
+        return None
+    inputs = bench.inputs
+    return lambda: op(inputs)
+
+
+def compare_with_vendor(bench: KernelBench, configs: Sequence[Config], default: Config) -> list[BenchRow]:
+    """Measure ``configs``, ``default`` (added when missing) and the vendor op interleaved in one run.
+
+    Every config is checked (constraint, then output against the reference) before any
+    timing; so is the vendor op's output. The rows come back in order: the timed configs
+    (as given, the default last if it was added), the vendor op (``config`` None,
+    ``is_vendor`` True) when the kernel has one, then the rejected configs with their reason.
+    """
+    candidates = [*configs] if default in configs else [*configs, default]
+    verdicts = [(config, bench.check(config)) for config in candidates]
+    runnable = [config for config, verdict in verdicts if verdict is None]
+    fns = [bench.runner(config) for config in runnable]
+    vendor = vendor_runner(bench)
+    vendor_invalid: str | None = None
+    if vendor is not None:
+        output = vendor()
+        assert isinstance(output, torch.Tensor)
+        tolerance = bench.tolerance
+        vendor_invalid = output_mismatch(output, bench.expected, tolerance.atol, tolerance.rtol)
+        if vendor_invalid is None:
+            fns.append(vendor)
+    measurements = measure_interleaved(fns, bench.device, bench.settings) if fns else []
+    rows = [
+        BenchRow(config, m, config == default, False)
+        for config, m in zip(runnable, measurements, strict=False)
+    ]
+    if vendor is not None:
+        timed = measurements[len(runnable)] if vendor_invalid is None else None
+        rows.append(BenchRow(None, timed, False, True, vendor_invalid))
+    for _config, verdict in verdicts:
+        if verdict is not None:
+            reason = verdict.invalid or verdict.error
+            rows.append(BenchRow(verdict.config, None, verdict.config == default, False, reason))
+    return rows

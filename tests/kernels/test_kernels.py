@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tiletune.kernels.device import cpu_chip
-from tiletune.kernels.registry import BUILTIN_MODULES, TRITON_MODULES, builtin_kernels
+from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, TRITON_MODULES, builtin_kernels
 from tiletune.kernels.spec import KernelSpec, Shape
 
 CPU = torch.device("cpu")
@@ -57,10 +57,12 @@ def assert_matches_reference(
 
 
 def test_every_builtin_module_exposes_a_versioned_spec() -> None:
-    assert list(KERNELS) == [*BUILTIN_MODULES, *TRITON_MODULES]
+    assert list(KERNELS) == [*BUILTIN_MODULES, *TRITON_MODULES, *NATIVE_MODULES]
     for spec in KERNELS.values():
         assert spec.version == 1
-        assert spec.backends() == (("triton",) if spec.name.startswith("triton_") else ("torch",))
+        family = spec.name.split("_")[0]
+        expected = {"triton": ("triton",), "native": ("native",)}.get(family, ("torch", "native"))
+        assert spec.backends() == expected
 
 
 @pytest.mark.parametrize("name", BUILTIN_MODULES)

@@ -109,3 +109,70 @@ def test_output_mismatch_reports_shape_nan_and_wrong_values() -> None:
     assert wrong is not None
     assert "1 elements off" in wrong
     assert "index 2" in wrong
+
+
+# -- measurement isolation and the vendor op ---------------------------------------------------------
+
+
+def _spread_ms(m: Measurement) -> float:
+    return m.p90_ms - m.p10_ms
+
+
+def test_what_ran_before_a_config_does_not_change_its_median_beyond_its_spread() -> None:
+    """A single-core native config, alone and right after torch's multi-threaded op, interleaved."""
+    from tiletune.kernels.registry import get_kernel
+
+    spec = get_kernel("native_softmax")
+    shape = {"rows": 256, "cols": 1024}
+    config = {"tile_rows": 16, "tile_cols": 1024, "block_dim": 1, "buffer_num": 2, "pipeline_depth": 2}
+    device = CpuDevice()
+    x = spec.make_inputs(shape, "float32", device.torch_device)
+    big_a, big_b = torch.randn(1 << 22), torch.randn(1 << 22)
+
+    def candidate() -> object:
+        return spec.run(x, config, shape)
+
+    def multi_threaded() -> object:
+        return torch.add(big_a, big_b)  # torch's OpenMP team on every core
+
+    settings = BenchSettings(min_samples=20, max_samples=200, budget_s=0.15)
+    alone = measure_interleaved([candidate], device, settings)[0]
+    after_torch = measure_interleaved([multi_threaded, candidate], device, settings)[1]
+    before_torch = measure_interleaved([candidate, multi_threaded], device, settings)[0]
+    for other in (after_torch, before_torch):
+        tolerance = max(_spread_ms(alone), _spread_ms(other), 0.05 * alone.median_ms)
+        assert abs(other.median_ms - alone.median_ms) <= tolerance, (alone, other)
+
+
+def test_settle_runs_before_every_interleaved_sample() -> None:
+    calls: list[float] = []
+    settings = BenchSettings(warmup_runs=0, min_samples=3, max_samples=3, budget_s=0.0, settle_s=0.01)
+    started = time.perf_counter()
+    measure_interleaved(
+        [lambda: calls.append(1.0), lambda: calls.append(2.0)], ScriptedDevice([1.0]), settings
+    )
+    assert len(calls) == 6
+    assert time.perf_counter() - started >= 6 * 0.01
+
+
+def test_compare_with_vendor_adds_the_default_and_a_vendor_row_interleaved() -> None:
+    from tiletune.kernels.registry import get_kernel
+    from tiletune.tuner.bench import KernelBench, compare_with_vendor
+
+    spec = get_kernel("fused_attention")
+    shape = {"batch": 1, "heads": 2, "seq_q": 40, "seq_kv": 40, "head_dim": 16, "causal": 1}
+    device = CpuDevice()
+    settings = BenchSettings(min_samples=5, max_samples=20, budget_s=0.01)
+    bench = KernelBench(spec, shape, "float32", device, settings=settings)
+    default = spec.default_config(shape, "float32", device.chip.limits)
+    tuned = {"block_q": 16, "block_kv": 40, "buffer_num": 2, "pipeline_depth": 2}
+    too_deep = {"block_q": 16, "block_kv": 16, "buffer_num": 1, "pipeline_depth": 3}
+    rows = [row.as_dict() for row in compare_with_vendor(bench, [tuned, too_deep], default)]
+    assert [r["is_vendor"] for r in rows] == [False, False, True, False]
+    assert [r["is_default"] for r in rows] == [False, True, False, False]
+    assert rows[0]["config"] == tuned
+    assert rows[2]["config"] is None
+    assert all(r["median_ms"] > 0 and r["samples"] >= 5 for r in rows[:3])
+    assert rows[3]["config"] == too_deep
+    assert rows[3]["median_ms"] is None
+    assert "buffer_num" in rows[3]["invalid"]

@@ -1,0 +1,58 @@
+// add: out = a + b over n elements, tile_size elements per tile, three queues (a, b, out).
+#include "native.h"
+
+namespace {
+
+using tiletune::Pipeline;
+
+template <class T>
+void add_core(const T* a, const T* b, T* out, int64_t n, int64_t tile, const Pipeline& p,
+              int64_t core) {
+  const int64_t tiles = (n + tile - 1) / tile;
+  auto [first, last] = tiletune::core_range(tiles, p.block_dim, core);
+  if (first >= last) return;
+  const int64_t slots = p.buffer_num;
+  T* local = static_cast<T*>(tiletune::local_memory(3 * slots * tile * sizeof(T)));
+  auto length = [&](int64_t t) { return std::min(tile, n - t * tile); };
+  for (int64_t t = first; t < last; ++t) {
+    const int64_t ahead = t + p.pipeline_depth - 1;
+    if (ahead > t && ahead < last) {
+      tiletune::prefetch(a + ahead * tile, length(ahead) * sizeof(T));
+      tiletune::prefetch(b + ahead * tile, length(ahead) * sizeof(T));
+    }
+    const int64_t slot = (t - first) % slots, len = length(t);
+    T* la = local + slot * tile;
+    T* lb = local + (slots + slot) * tile;
+    T* lo = local + (2 * slots + slot) * tile;
+    std::memcpy(la, a + t * tile, len * sizeof(T));  // copy-in
+    std::memcpy(lb, b + t * tile, len * sizeof(T));
+#pragma omp simd
+    for (int64_t i = 0; i < len; ++i)  // compute, in float32
+      lo[i] = static_cast<T>(tiletune::to_float(la[i]) + tiletune::to_float(lb[i]));
+    std::memcpy(out + t * tile, lo, len * sizeof(T));  // copy-out
+  }
+}
+
+}  // namespace
+
+at::Tensor native_add(const at::Tensor& a, const at::Tensor& b, int64_t tile_size,
+                         int64_t block_dim, int64_t buffer_num, int64_t pipeline_depth) {
+  tiletune::check_input(a, "a");
+  tiletune::check_input(b, "b");
+  TORCH_CHECK(a.sizes() == b.sizes() && a.scalar_type() == b.scalar_type(),
+              "a and b must have the same size and dtype");
+  TORCH_CHECK(tile_size >= 1, "tile_size must be >= 1");
+  Pipeline p{block_dim, buffer_num, pipeline_depth};
+  tiletune::check_pipeline(p);
+  auto out = at::empty_like(a);
+  const int64_t n = a.numel();
+  if (n == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "native_add", [&] {
+    const scalar_t* pa = a.data_ptr<scalar_t>();
+    const scalar_t* pb = b.data_ptr<scalar_t>();
+    scalar_t* po = out.data_ptr<scalar_t>();
+    tiletune::for_each_core(p.block_dim,
+                            [&](int64_t core) { add_core(pa, pb, po, n, tile_size, p, core); });
+  });
+  return out;
+}

@@ -1,0 +1,13 @@
+// Python bindings of the native kernels (the module name comes from the build: TORCH_EXTENSION_NAME).
+#include <torch/python.h>
+
+#include "native.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "tiletune native CPU kernels (Ascend-C-shaped: tiles over cores, buffered copy-in/out)";
+  m.def("add", &native_add, "out = a + b, tiled");
+  m.def("softmax", &native_softmax, "softmax over the last dim of rows x cols, tiled");
+  m.def("rms_norm", &native_rms_norm, "x * rsqrt(mean(x^2) + eps) * w over rows x cols, tiled");
+  m.def("matmul", &native_matmul, "C = A @ B, blocked over single-threaded sgemm_");
+  m.def("attention", &native_attention, "attention forward with online softmax over kv blocks");
+}

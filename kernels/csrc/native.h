@@ -1,0 +1,204 @@
+// What every tiletune native CPU kernel shares: the Ascend-C-shaped execution model on a CPU.
+//
+// - block_dim "cores": the kernel's tiles are spread over block_dim workers of torch's own
+//   intra-op thread pool (at::parallel_for, the pool torch's ops use); 1 runs on the caller.
+// - each core owns its local memory (thread-local, 64-byte aligned, reused across calls):
+//   buffer_num slots of one tile per queue; tile i of a core uses slot i % buffer_num.
+// - per tile: copy-in (global -> slot), compute (slots only), copy-out (slot -> global).
+// - pipeline_depth d: before the copy-in of a core's tile i, the copy-in of tile i + d - 1
+//   is issued as software prefetches of its global memory (1: no prefetch).
+// - MKL calls inside a core are single-threaded (the cores are the parallelism).
+#pragma once
+
+// Light ATen headers only (the Python binding TU alone includes pybind11): compile time matters,
+// since `make setup` builds this on every fresh machine.
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+extern "C" {
+void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
+            const float* alpha, const float* a, const int* lda, const float* b, const int* ldb,
+            const float* beta, float* c, const int* ldc);
+int MKL_Set_Num_Threads_Local(int nt);  // the C interface (lowercase is Fortran: by pointer)
+}
+
+namespace tiletune {
+
+struct Pipeline {
+  int64_t block_dim;
+  int64_t buffer_num;
+  int64_t pipeline_depth;
+};
+
+inline void check_pipeline(const Pipeline& p) {
+  TORCH_CHECK(p.block_dim >= 1, "block_dim must be >= 1, got ", p.block_dim);
+  TORCH_CHECK(p.buffer_num >= 1, "buffer_num must be >= 1, got ", p.buffer_num);
+  TORCH_CHECK(p.pipeline_depth >= 1, "pipeline_depth must be >= 1, got ", p.pipeline_depth);
+}
+
+inline void check_input(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, ": native kernels run on CPU tensors, got ", t.device());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+// MKL single-threaded on this thread for the scope (restores the previous local setting).
+class SingleThreadedBlas {
+ public:
+  SingleThreadedBlas() : previous_(MKL_Set_Num_Threads_Local(1)) {}
+  ~SingleThreadedBlas() { MKL_Set_Num_Threads_Local(previous_); }
+  SingleThreadedBlas(const SingleThreadedBlas&) = delete;
+  SingleThreadedBlas& operator=(const SingleThreadedBlas&) = delete;
+
+ private:
+  int previous_;
+};
+
+// Run body(core) for core in [0, block_dim) on torch's thread pool.
+template <class Body>
+void for_each_core(int64_t block_dim, const Body& body) {
+  if (block_dim == 1) {
+    SingleThreadedBlas one;
+    body(0);
+    return;
+  }
+  at::parallel_for(0, block_dim, 1, [&](int64_t begin, int64_t end) {
+    SingleThreadedBlas one;
+    for (int64_t core = begin; core < end; ++core) body(core);
+  });
+}
+
+// The contiguous range of `count` items core `core` of `cores` owns.
+inline std::pair<int64_t, int64_t> core_range(int64_t count, int64_t cores, int64_t core) {
+  int64_t base = count / cores, extra = count % cores;
+  int64_t begin = core * base + std::min(core, extra);
+  return {begin, begin + base + (core < extra ? 1 : 0)};
+}
+
+// This thread's local memory: at least `bytes`, 64-byte aligned, kept for later calls.
+inline void* local_memory(size_t bytes) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> memory;
+  thread_local size_t capacity = 0;
+  if (bytes > capacity) {
+    size_t rounded = (bytes + 63) / 64 * 64;
+    memory.reset(std::aligned_alloc(64, rounded));
+    TORCH_CHECK(memory, "cannot allocate ", rounded, " bytes of local memory");
+    capacity = rounded;
+  }
+  return memory.get();
+}
+
+// Issue the copy-in of [p, p + bytes) ahead: software prefetch of its cache lines.
+inline void prefetch(const void* p, size_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (size_t off = 0; off < bytes; off += 64) __builtin_prefetch(c + off, 0, 3);
+}
+
+template <class T>
+inline float to_float(T v) {
+  return static_cast<float>(v);
+}
+
+// exp(x) for float32: 2^n * e^r with |r| <= ln2/2, a degree-6 polynomial for e^r;
+// relative error ~1e-7; inputs below -87 give ~1e-38 (callers skip masked entries).
+inline float exp_approx(float x) {
+  x = std::min(std::max(x, -87.0f), 88.0f);
+  float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = std::fma(n, -0.693359375f, x);
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+// The largest of v[0..n) (-inf for n == 0): 16 partial maxima, so it vectorises.
+template <class T>
+inline float max_of(const T* v, int64_t n) {
+  constexpr int lanes = 16;
+  float part[lanes];
+  for (int j = 0; j < lanes; ++j) part[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (int j = 0; j < lanes; ++j) {
+      const float x = to_float(v[i + j]);
+      part[j] = part[j] > x ? part[j] : x;
+    }
+  }
+  float m = -INFINITY;
+  for (int j = 0; j < lanes; ++j) m = m > part[j] ? m : part[j];
+  for (; i < n; ++i) m = std::max(m, to_float(v[i]));
+  return m;
+}
+
+// Copy `count` elements of T into float32 (memcpy when T is float).
+template <class T>
+inline void load_float(float* dst, const T* src, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, count * sizeof(float));
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(src[i]);
+  }
+}
+
+template <class T>
+inline void store_from_float(T* dst, const float* src, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::memcpy(dst, src, count * sizeof(float));
+  } else {
+#pragma omp simd
+    for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<T>(src[i]);
+  }
+}
+
+// Row-major C[m, n] (ld ldc) = A[m, k] (ld lda) @ B[k, n] (ld ldb) + beta * C, via Fortran sgemm_.
+// `trans_b`: B is given as row-major [n, k] (ld ldb) and used transposed.
+inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                          bool trans_b, float beta, float* c, int ldc) {
+  const float one = 1.0f;
+  // Row-major C = A B  <=>  column-major C^T = B^T A^T.
+  const char tb = trans_b ? 'T' : 'N';
+  const char ta = 'N';
+  sgemm_(&tb, &ta, &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+
+}  // namespace tiletune
+
+// Kernels, defined in their own translation units and bound in module.cpp.
+at::Tensor native_add(const at::Tensor& a, const at::Tensor& b, int64_t tile_size,
+                         int64_t block_dim, int64_t buffer_num, int64_t pipeline_depth);
+at::Tensor native_softmax(const at::Tensor& x, int64_t tile_rows, int64_t tile_cols,
+                             int64_t block_dim, int64_t buffer_num, int64_t pipeline_depth);
+at::Tensor native_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
+                              int64_t tile_rows, int64_t tile_cols, int64_t block_dim,
+                              int64_t buffer_num, int64_t pipeline_depth);
+at::Tensor native_matmul(const at::Tensor& a, const at::Tensor& b, int64_t tile_m,
+                            int64_t tile_n, int64_t tile_k, int64_t block_dim, int64_t buffer_num,
+                            int64_t pipeline_depth);
+at::Tensor native_attention(const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, bool causal, int64_t block_q,
+                               int64_t block_kv, int64_t block_dim, int64_t buffer_num,
+                               int64_t pipeline_depth);

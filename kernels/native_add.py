@@ -1,0 +1,49 @@
+"""``native_add``: :mod:`~tiletune.kernels.add` in C++ (``csrc/add.cpp``), tiles spread over cores.
+
+Knobs: ``add``'s (``tile_size``, ``buffer_num``, ``pipeline_depth``) and ``block_dim``. A
+core takes a contiguous range of tiles; per tile, ``a`` and ``b`` are copied into their slots,
+added in float32 into the output slot, and copied out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import ModuleType
+
+import torch
+
+from tiletune.kernels.add import AddSpec
+from tiletune.kernels.native_spec import NativeSpec, with_block_dim
+from tiletune.kernels.spec import Config, Shape
+
+
+class NativeAddSpec(NativeSpec, AddSpec):
+    """``add`` as a native CPU kernel."""
+
+    name = "native_add"
+    version = 1
+    description = "elementwise a + b, native CPU: tiles over block_dim cores, buffered copy-in/out"
+    portable = AddSpec
+    knobs = with_block_dim(AddSpec.knobs)
+
+    def tile_count(self, config: Config, shape: Shape) -> int:
+        """``ceil(n / tile_size)``."""
+        return -(-shape["n"] // config["tile_size"])
+
+    def launch(
+        self, module: ModuleType, inputs: Sequence[torch.Tensor], config: Config, shape: Shape
+    ) -> torch.Tensor:
+        """The extension's ``add`` on the flat inputs, shaped like ``a``."""
+        a, b = inputs
+        out: torch.Tensor = module.add(
+            a.reshape(-1),
+            b.reshape(-1),
+            config["tile_size"],
+            config["block_dim"],
+            config["buffer_num"],
+            config["pipeline_depth"],
+        )
+        return out.view(a.shape)
+
+
+SPEC = NativeAddSpec()

@@ -1,0 +1,196 @@
+"""The native CPU kernels: every valid config agrees with the reference, the knobs are checked.
+
+The extension is part of the product on CPUs: when it is not built these tests fail with the
+reason (``make setup`` builds it), they never skip.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tiletune.kernels.device import CpuDevice, cpu_chip
+from tiletune.kernels.native_build import native_status
+from tiletune.kernels.native_spec import NATIVE_BACKEND, NativeSpec, all_cores, preferred_backend
+from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, builtin_kernels
+from tiletune.kernels.spec import KernelSpec, Shape
+from tiletune.tuner.bench import KernelBench
+
+CPU = torch.device("cpu")
+KERNELS = builtin_kernels()
+LIMITS = cpu_chip().limits
+
+#: Shapes no tile divides evenly (and a few that some tiles do), per portable kernel name.
+SHAPES: dict[str, list[Shape]] = {
+    "add": [{"n": 1}, {"n": 1000}, {"n": 4099}],
+    "softmax": [{"rows": 1, "cols": 1}, {"rows": 37, "cols": 300}, {"rows": 5, "cols": 1000}],
+    "rms_norm": [{"rows": 3, "cols": 7}, {"rows": 37, "cols": 300}, {"rows": 6, "cols": 1000}],
+    "matmul": [{"m": 1, "n": 1, "k": 1}, {"m": 37, "n": 100, "k": 300}, {"m": 64, "n": 64, "k": 64}],
+    "fused_attention": [
+        {"batch": 1, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 4, "causal": 1},
+        {"batch": 2, "heads": 3, "seq_q": 37, "seq_kv": 50, "head_dim": 16, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 100, "seq_kv": 33, "head_dim": 8, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 70, "seq_kv": 130, "head_dim": 32, "causal": 0},
+    ],
+}
+DIM_BOUNDS: dict[str, dict[str, int]] = {
+    "add": {"n": 5000},
+    "softmax": {"rows": 40, "cols": 300},
+    "rms_norm": {"rows": 40, "cols": 300},
+    "matmul": {"m": 80, "n": 80, "k": 200},
+    "fused_attention": {"batch": 2, "heads": 3, "seq_q": 80, "seq_kv": 80, "head_dim": 16, "causal": 1},
+}
+
+
+@pytest.fixture(autouse=True)
+def native_built() -> None:
+    """Fail (not skip) with the reason when the extension is not built here."""
+    status = native_status()
+    if not status.available:
+        pytest.fail(f"the native CPU backend is unavailable: {status.reason}")
+
+
+def native(name: str) -> NativeSpec:
+    spec = KERNELS[f"native_{name}"]
+    assert isinstance(spec, NativeSpec)
+    return spec
+
+
+def assert_matches_reference(
+    spec: KernelSpec, shape: Shape, dtype: str, configs: list[dict[str, int]]
+) -> None:
+    inputs = spec.make_inputs(shape, dtype, CPU, seed=5)
+    expected = spec.reference(inputs, shape)
+    tolerance = spec.tolerance(dtype)
+    for config in configs:
+        actual = spec.run(inputs, config, shape, NATIVE_BACKEND)
+        assert actual.dtype == inputs[0].dtype, config
+        assert actual.shape == expected.shape, config
+        try:
+            torch.testing.assert_close(actual.float(), expected, atol=tolerance.atol, rtol=tolerance.rtol)
+        except AssertionError as error:
+            raise AssertionError(f"{spec.name} {shape} {dtype} {config}: {error}") from None
+
+
+def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
+    for name in BUILTIN_MODULES:
+        spec = native(name)
+        portable = KERNELS[name]
+        assert spec.name in NATIVE_MODULES
+        assert spec.backends() == (NATIVE_BACKEND,)
+        assert spec.supports("cpu")
+        assert not spec.supports("cuda")
+        assert not spec.supports("npu")
+        assert [d.name for d in spec.dims] == [d.name for d in portable.dims]
+        assert [k.name for k in spec.knobs] == [*(k.name for k in portable.knobs[:-2]), "block_dim"] + [
+            k.name for k in portable.knobs[-2:]
+        ]
+        assert portable.backends() == ("torch", NATIVE_BACKEND)
+        assert preferred_backend(portable, "cpu") == NATIVE_BACKEND
+        assert preferred_backend(portable, "cuda") == "torch"
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
+    spec = native(name)
+    rng = random.Random(name)
+    for shape in SHAPES[name]:
+        space = spec.space(shape, "float32", LIMITS)
+        assert space, shape
+        sample = [*rng.sample(space, min(12, len(space))), spec.default_config(shape, "float32", LIMITS)]
+        assert_matches_reference(spec, shape, "float32", sample)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
+    spec = native(name)
+    rng = random.Random(f"{name}/{dtype}")
+    for shape in SHAPES[name]:
+        space = spec.space(shape, dtype, LIMITS)
+        assert_matches_reference(spec, shape, dtype, rng.sample(space, min(4, len(space))))
+
+
+@st.composite
+def shape_and_config(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int]]:
+    spec = native(name)
+    shape: Shape = {}
+    for dim in spec.dims:
+        if dim.choices is not None:
+            shape[dim.name] = draw(st.sampled_from(dim.choices))
+        else:
+            shape[dim.name] = draw(st.integers(1, DIM_BOUNDS[name][dim.name]))
+    space = spec.space(shape, "float32", LIMITS)
+    return shape, draw(st.sampled_from(space))
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(shape_and_config(name))
+    def check(case: tuple[Shape, dict[str, int]]) -> None:
+        shape, config = case
+        assert_matches_reference(native(name), shape, "float32", [config])
+
+    check()
+
+
+@pytest.mark.parametrize("name", BUILTIN_MODULES)
+def test_the_portable_kernels_native_implementation_runs_their_configs(name: str) -> None:
+    portable = KERNELS[name]
+    for shape in SHAPES[name]:
+        default = portable.default_config(shape, "float32", LIMITS)
+        inputs = portable.make_inputs(shape, "float32", CPU, seed=2)
+        got = portable.run(inputs, default, shape, NATIVE_BACKEND)
+        want = portable.run(inputs, default, shape, "torch")
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_a_cpu_bench_of_a_portable_kernel_measures_the_native_implementation() -> None:
+    spec = KERNELS["softmax"]
+    bench = KernelBench(spec, {"rows": 8, "cols": 64}, "float32", CpuDevice())
+    assert bench.implementation == NATIVE_BACKEND
+    assert bench.check(spec.default_config({"rows": 8, "cols": 64}, "float32", LIMITS)) is None
+
+
+def test_more_cores_than_tiles_is_invalid_and_the_default_never_idles_a_core() -> None:
+    spec = native("add")
+    shape = {"n": 300}
+    one_tile = {"tile_size": 300, "block_dim": 2, "buffer_num": 1, "pipeline_depth": 1}
+    if all_cores() >= 2:
+        reason = spec.invalid_reason(one_tile, shape, "float32", LIMITS)
+        assert reason is not None
+        assert "block_dim=2" in reason
+    for name in BUILTIN_MODULES:
+        for shape in SHAPES[name]:
+            kernel = native(name)
+            default = kernel.default_config(shape, "float32", LIMITS)
+            assert default["block_dim"] <= kernel.tile_count(default, shape)
+            assert kernel.invalid_reason(default, shape, "float32", LIMITS) is None
+
+
+def test_block_dim_spans_one_to_all_cores() -> None:
+    values = native("add").knob_values({"n": 1 << 20})["block_dim"]
+    assert values[0] == 1
+    assert values[-1] == all_cores()
+
+
+def test_every_knob_changes_nothing_but_the_speed_causal_and_not() -> None:
+    spec = native("fused_attention")
+    for causal in (0, 1):
+        shape = {"batch": 1, "heads": 2, "seq_q": 90, "seq_kv": 70, "head_dim": 16, "causal": causal}
+        inputs = spec.make_inputs(shape, "float32", CPU)
+        results = [spec.run(inputs, c, shape) for c in spec.space(shape, "float32", LIMITS)[::7]]
+        for result in results[1:]:
+            torch.testing.assert_close(result, results[0], atol=1e-5, rtol=1e-5)
+
+
+def test_native_kernels_refuse_tensors_off_the_cpu_with_a_reason() -> None:
+    spec = native("add")
+    a = torch.ones(4, device="meta")
+    with pytest.raises(ValueError, match="CPU tensors"):
+        spec.run((a, a), {"tile_size": 4, "block_dim": 1, "buffer_num": 1, "pipeline_depth": 1}, {"n": 4})
