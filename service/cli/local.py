@@ -12,7 +12,7 @@ import argparse
 import functools
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from tiletune.client.wire import STRATEGIES
 from tiletune.service.cli.options import (
@@ -201,33 +201,17 @@ def cmd_tune(args: argparse.Namespace) -> None:
 
 @kernel_errors_as_bad_input
 def cmd_bench(args: argparse.Namespace) -> None:
-    """Measure the given configs and the default interleaved in one run."""
-    from tiletune.tuner.bench import KernelBench
+    """Measure the given configs, the default and the vendor op (torch's own) interleaved in one run."""
+    from tiletune.tuner.bench import KernelBench, compare_with_vendor
 
     spec, shape, dtype, device = _kernel_inputs(args)
     configs = [parse_config(spec, text, shape) for text in args.config]
     default = spec.default_config(shape, dtype, device.chip.limits)
-    if default not in configs:
-        configs.append(default)
     bench = KernelBench(spec, shape, dtype, device)
-    verdicts = [(config, bench.check(config)) for config in configs]
-    runnable = [config for config, verdict in verdicts if verdict is None]
-    rejected = [verdict for _, verdict in verdicts if verdict is not None]
-    measurements = bench.compare(runnable) if runnable else []
-    results: list[dict[str, Any]] = [
-        {"config": config, **m.as_dict(), "is_default": config == default}
-        for config, m in zip(runnable, measurements, strict=True)
+    results = [row.as_dict() for row in compare_with_vendor(bench, configs, default)]
+    lines = [
+        f"{spec.name} {spec.canonical_shape(shape)} {dtype} on {device.chip.name} ({bench.implementation})"
     ]
-    results += [
-        {
-            "config": r.config,
-            "median_ms": None,
-            "invalid": r.invalid or r.error,
-            "is_default": r.config == default,
-        }
-        for r in rejected
-    ]
-    lines = [f"{spec.name} {spec.canonical_shape(shape)} {dtype} on {device.chip.name}"]
     for result in results:
         timing = (
             f"{result['median_ms']:.4f} ms (p10 {result['p10_ms']:.4f}, p90 {result['p90_ms']:.4f},"
@@ -235,13 +219,15 @@ def cmd_bench(args: argparse.Namespace) -> None:
             if result["median_ms"] is not None
             else f"invalid: {result['invalid']}"
         )
+        name = "torch's own op [vendor]" if result["is_vendor"] else _format_config(result["config"])
         marker = " [default]" if result["is_default"] else ""
-        lines.append(f"  {_format_config(result['config'])}{marker}: {timing}")
+        lines.append(f"  {name}{marker}: {timing}")
     document = {
         "kernel": spec.name,
         "shape": shape,
         "dtype": dtype,
         "chip": device.chip.name,
+        "backend": bench.implementation,
         "results": results,
     }
     emit(args, document, "\n".join(lines))
@@ -281,9 +267,10 @@ def add_parsers(commands: Commands) -> None:
 
     bench = commands.add_parser(
         "bench",
-        help="measure given configs and the default interleaved",
+        help="measure given configs, the default and torch's own op interleaved",
         description="The honest way to compare configs: check each against the reference, then time "
-        "them and the kernel's default in rounds (A B A B ...) in one run.",
+        "them, the kernel's default and its vendor op (torch's own, where the kernel has one: a row "
+        "with config null and is_vendor true) in rounds (A B A B ...) in one run.",
     )
     add_kernel_arguments(bench)
     bench.add_argument(

@@ -77,7 +77,9 @@ def test_grid_measures_every_valid_config(capsys: pytest.CaptureFixture[str]) ->
     assert report["trials"]["completed"] + report["trials"].get("failed", 0) == report["space_size"]
 
 
-def test_bench_measures_configs_and_the_default_interleaved(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_measures_configs_the_default_and_the_vendor_op_interleaved(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     document = run_json(
         capsys,
         "bench",
@@ -92,8 +94,10 @@ def test_bench_measures_configs_and_the_default_interleaved(capsys: pytest.Captu
         '{"tile_size": 16384, "buffer_num": 1, "pipeline_depth": 1}',  # 192 KiB: fits any L2
     )
     results = document["results"]
-    assert len(results) == 3
-    assert [r["is_default"] for r in results] == [False, False, True]
+    assert len(results) == 4
+    assert [r["is_default"] for r in results] == [False, False, True, False]
+    assert [r["is_vendor"] for r in results] == [False, False, False, True]
+    assert results[3]["config"] is None
     assert all(r["samples"] == results[0]["samples"] for r in results)
     assert all(r["p10_ms"] <= r["median_ms"] <= r["p90_ms"] for r in results)
 
