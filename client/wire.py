@@ -12,7 +12,7 @@ and the documents inside them, based on ``_Response``) ignores fields it does no
 so clients and workers of an older release keep working against a newer server. A field
 is added, never renamed.
 
-The vocabularies (job, trial and sweep states, strategies, match kinds, dtypes, device
+The vocabularies (job, trial and sweep states, roles, strategies, match kinds, dtypes, device
 kinds) and the shape text format (:func:`parse_dims`) are defined here once; every other
 module imports them.
 
@@ -69,6 +69,15 @@ class AskPhase(StrEnum):
     VALIDATE = "validate"
     WAIT = "wait"
     DONE = "done"
+
+
+class Role(StrEnum):
+    """What a token may do: ``admin`` everything; the others their part; every token may read."""
+
+    ADMIN = "admin"
+    SUBMITTER = "submitter"
+    WORKER = "worker"
+    READER = "reader"
 
 
 class SweepState(StrEnum):
@@ -545,3 +554,29 @@ class MissesPublic(_Response):
 
     accepted: int
     queued_jobs: list[int]
+
+
+# -- tokens ----------------------------------------------------------------------------------------
+
+
+class TokenCreate(_Request):
+    """A token to create (admin only): its role and a name people recognise it by."""
+
+    role: Role
+    name: str = Field(default="token", min_length=1, max_length=200, pattern=r"^[\w .@:/+-]+$")
+
+
+class TokenPublic(_Response):
+    """A token as listed: never its secret."""
+
+    id: int
+    name: str
+    role: str
+    created_at: datetime
+    revoked_at: datetime | None = None
+
+
+class TokenCreated(TokenPublic):
+    """A token just created: the only answer that carries its secret (``token``); it is not stored."""
+
+    token: str

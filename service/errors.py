@@ -47,3 +47,17 @@ class LeaseLostError(ConflictError):
     """The lease behind a worker's write expired, ended, or never existed: nothing was changed."""
 
     code = "lease_lost"
+
+
+class UnauthorizedError(ServiceError):
+    """No token, or one that is unknown or revoked (401; the answer names the Bearer scheme)."""
+
+    status = 401
+    code = "unauthorized"
+
+
+class ForbiddenError(ServiceError):
+    """The token is valid, but its role may not do this, or the thing is another's (403)."""
+
+    status = 403
+    code = "forbidden"
