@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import httpx
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 
 from tiletune.client.wire import (
     AskPublic,
@@ -43,6 +43,9 @@ from tiletune.client.wire import (
     SweepPublic,
     TellCreate,
     TellPublic,
+    TokenCreate,
+    TokenCreated,
+    TokenPublic,
     TrialOutcome,
     ValidatedConfig,
     WorkerCreate,
@@ -240,3 +243,28 @@ def release(token: str, reason: str, failed: bool) -> Call[None]:
     """``POST /v1/leases/{token}/release``."""
     body = ReleaseCreate(reason=reason[:MAX_RELEASE_REASON], failed=failed)
     return Call("POST", f"/v1/leases/{token}/release", nothing, body=body)
+
+
+def create_token(request: TokenCreate) -> Call[TokenCreated]:
+    """``POST /v1/tokens`` (admin): a new token; the answer carries its secret, once."""
+    return Call("POST", "/v1/tokens", document(TokenCreated), body=request)
+
+
+def tokens() -> Call[list[TokenPublic]]:
+    """``GET /v1/tokens`` (admin): every token, without secrets."""
+    listing = TypeAdapter(list[TokenPublic])
+
+    def decode(response: httpx.Response) -> list[TokenPublic]:
+        try:
+            return listing.validate_json(response.content)
+        except ValueError:
+            raise UnexpectedAnswerError(
+                f"{response.request.url} answered something that is not a token list"
+            ) from None
+
+    return Call("GET", "/v1/tokens", decode)
+
+
+def revoke_token(token_id: int) -> Call[TokenPublic]:
+    """``POST /v1/tokens/{id}/revoke`` (admin)."""
+    return Call("POST", f"/v1/tokens/{token_id}/revoke", document(TokenPublic))

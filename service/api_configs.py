@@ -11,7 +11,7 @@ from fastapi.responses import PlainTextResponse
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
 from tiletune.kernels import all_kernels
 from tiletune.service import configs
-from tiletune.service.dependencies import DatabaseDep, LookupCacheDep
+from tiletune.service.dependencies import AdminDep, DatabaseDep, LookupCacheDep, ReaderDep
 from tiletune.service.lookup import lookup
 from tiletune.service.specs import kernel_info, parse_key
 
@@ -29,6 +29,7 @@ async def lookup_config(
     chip: str,
     db: DatabaseDep,
     cache: LookupCacheDep,
+    _reader: ReaderDep,
     dtype: str = "float32",
     match: Match = "default",
 ) -> LookupPublic:
@@ -46,7 +47,7 @@ async def lookup_config(
 
 
 @router.get("/v1/configs")
-def export_configs(chip: str, db: DatabaseDep, kernel: str | None = None) -> ConfigBundle:
+def export_configs(chip: str, db: DatabaseDep, _reader: ReaderDep, kernel: str | None = None) -> ConfigBundle:
     """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle.
 
     The bundle carries the info of every registered kernel (or of ``kernel``
@@ -66,7 +67,7 @@ def export_configs(chip: str, db: DatabaseDep, kernel: str | None = None) -> Con
 
 
 @router.post("/v1/configs/import")
-def import_configs(bundle: ConfigBundle, db: DatabaseDep) -> dict[str, int]:
+def import_configs(bundle: ConfigBundle, db: DatabaseDep, _admin: AdminDep) -> dict[str, int]:
     """Store an exported bundle; an entry replaces a key's best only if the key has none or it is faster."""
     with db.write() as session:
         changed = configs.import_configs(session, bundle.configs, db.clock())
@@ -75,7 +76,12 @@ def import_configs(bundle: ConfigBundle, db: DatabaseDep) -> dict[str, int]:
 
 @router.get("/v1/history/{kernel}")
 def history(
-    kernel: str, shape: ShapeQuery, db: DatabaseDep, dtype: str = "float32", chip: str | None = None
+    kernel: str,
+    shape: ShapeQuery,
+    db: DatabaseDep,
+    _reader: ReaderDep,
+    dtype: str = "float32",
+    chip: str | None = None,
 ) -> list[HistoryPoint]:
     """Every promotion of one shape's best config, oldest first."""
     spec, parsed = parse_key(kernel, shape, dtype)
@@ -98,7 +104,7 @@ def healthz(db: DatabaseDep) -> dict[str, str]:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics(db: DatabaseDep) -> str:
+def metrics(db: DatabaseDep, _reader: ReaderDep) -> str:
     """Jobs by state and best configs stored, in Prometheus' text format."""
     with db.read() as session:
         counts = configs.counts(session)

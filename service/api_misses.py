@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from tiletune.client.wire import MissesCreate, MissesPublic, MissPublic
-from tiletune.service.dependencies import MissesDep
+from tiletune.service.dependencies import MissesDep, ReaderDep, TokenHolderDep
 
 router = APIRouter(prefix="/v1", tags=["misses"])
 
@@ -15,7 +15,7 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 
 
 @router.post("/misses")
-def report_misses(batch: MissesCreate, misses: MissesDep) -> MissesPublic:
+def report_misses(batch: MissesCreate, misses: MissesDep, _caller: TokenHolderDep) -> MissesPublic:
     """Count a batch of misses (all or nothing) and queue the keys whose count reached the threshold.
 
     See :mod:`tiletune.service.misses` for the policy.
@@ -25,7 +25,11 @@ def report_misses(batch: MissesCreate, misses: MissesDep) -> MissesPublic:
 
 @router.get("/misses")
 def list_misses(
-    misses: MissesDep, chip: str | None = None, kernel: str | None = None, limit: Limit = 100
+    misses: MissesDep,
+    _reader: ReaderDep,
+    chip: str | None = None,
+    kernel: str | None = None,
+    limit: Limit = 100,
 ) -> list[MissPublic]:
     """Missed keys of the kernels' current versions, highest count first, with their demand job."""
     return misses.misses(chip, kernel, limit)

@@ -1,4 +1,8 @@
-"""``/v1/sweeps`` and ``/v1/jobs``: submit, list, show and cancel; a job's trials."""
+"""``/v1/sweeps`` and ``/v1/jobs``: submit, list, show and cancel; a job's trials.
+
+Submitting needs a ``submitter`` (or ``admin``) token; cancelling, the token that submitted
+the sweep or an admin's; reading, a reader's (or none when reads are open).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from fastapi import APIRouter, Query
 
 from tiletune.client.wire import JOB_STATES, JobPublic, JobState, SweepCreate, SweepPublic, TrialPublic
 from tiletune.service import jobs
-from tiletune.service.dependencies import DatabaseDep, ProtocolDep, SettingsDep
+from tiletune.service.dependencies import DatabaseDep, ProtocolDep, ReaderDep, SettingsDep, SubmitterDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.views import job_public, sweep_public, trial_public
 
@@ -19,38 +23,42 @@ Offset = Annotated[int, Query(ge=0)]
 
 
 @router.post("/sweeps", status_code=201)
-def submit_sweep(sweep: SweepCreate, db: DatabaseDep, settings: SettingsDep) -> SweepPublic:
+def submit_sweep(
+    sweep: SweepCreate, db: DatabaseDep, settings: SettingsDep, caller: SubmitterDep
+) -> SweepPublic:
     """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned are ``skipped``."""
     planned = jobs.plan_sweep(sweep, max_jobs=settings.max_jobs_per_sweep)
     with db.write() as session:
-        return jobs.create_sweep(session, sweep, planned, db.clock())
+        return jobs.create_sweep(session, sweep, planned, db.clock(), caller.token_id)
 
 
 @router.get("/sweeps")
-def list_sweeps(db: DatabaseDep, limit: Limit = 50, offset: Offset = 0) -> list[SweepPublic]:
+def list_sweeps(
+    db: DatabaseDep, _reader: ReaderDep, limit: Limit = 50, offset: Offset = 0
+) -> list[SweepPublic]:
     """Sweeps, newest first, with their jobs' states and progress."""
     with db.read() as session:
         return [sweep_public(session, sweep) for sweep in jobs.sweep_rows(session, limit, offset)]
 
 
 @router.get("/sweeps/{sweep_id}")
-def show_sweep(sweep_id: int, db: DatabaseDep) -> SweepPublic:
+def show_sweep(sweep_id: int, db: DatabaseDep, _reader: ReaderDep) -> SweepPublic:
     """One sweep with its jobs."""
     with db.read() as session:
         return sweep_public(session, jobs.sweep_row(session, sweep_id))
 
 
 @router.post("/sweeps/{sweep_id}/cancel")
-def cancel_sweep(sweep_id: int, db: DatabaseDep, protocol: ProtocolDep) -> SweepPublic:
+def cancel_sweep(sweep_id: int, db: DatabaseDep, protocol: ProtocolDep, caller: SubmitterDep) -> SweepPublic:
     """Cancel every unfinished job of the sweep."""
-    protocol.cancel_sweep(sweep_id)
+    protocol.cancel_sweep(sweep_id, caller)
     with db.read() as session:
         return sweep_public(session, jobs.sweep_row(session, sweep_id))
 
 
 @router.get("/jobs")
 def list_jobs(
-    db: DatabaseDep, state: str | None = None, limit: Limit = 100, offset: Offset = 0
+    db: DatabaseDep, _reader: ReaderDep, state: str | None = None, limit: Limit = 100, offset: Offset = 0
 ) -> list[JobPublic]:
     """Jobs, newest first, optionally in one ``state``."""
     if state is not None and state not in JOB_STATES:
@@ -61,20 +69,20 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}")
-def show_job(job_id: int, db: DatabaseDep) -> JobPublic:
+def show_job(job_id: int, db: DatabaseDep, _reader: ReaderDep) -> JobPublic:
     """One job with its progress (trials, best so far, speedup over the default)."""
     with db.read() as session:
         return job_public(session, jobs.job_row(session, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel_job(job_id: int, protocol: ProtocolDep) -> JobPublic:
+def cancel_job(job_id: int, protocol: ProtocolDep, caller: SubmitterDep) -> JobPublic:
     """Cancel a job; workers holding it are told ``done`` at their next ask."""
-    return protocol.cancel_job(job_id)
+    return protocol.cancel_job(job_id, caller)
 
 
 @router.get("/jobs/{job_id}/trials")
-def job_trials(job_id: int, db: DatabaseDep) -> list[TrialPublic]:
+def job_trials(job_id: int, db: DatabaseDep, _reader: ReaderDep) -> list[TrialPublic]:
     """Every trial of the job with its outcome."""
     with db.read() as session:
         return [trial_public(row) for row in jobs.trial_rows(session, job_id)]

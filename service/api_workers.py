@@ -1,7 +1,8 @@
 """The worker protocol over HTTP: ``/v1/workers`` and ``/v1/leases/{token}/...``.
 
-A 409 with code ``lease_lost`` answers any write under a lease that expired,
-ended or never existed; it changes nothing.
+Every route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
+that registered its worker (403 otherwise). A 409 with code ``lease_lost`` answers any write
+under a lease that expired, ended or never existed; it changes nothing.
 """
 
 from __future__ import annotations
@@ -23,15 +24,15 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service.dependencies import ProtocolDep
+from tiletune.service.dependencies import ProtocolDep, WorkerDep
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 
 
 @router.post("/workers", status_code=201)
-def register_worker(worker: WorkerCreate, protocol: ProtocolDep) -> WorkerPublic:
-    """Register a worker with its chip (name, limits), backends and software."""
-    return protocol.register(worker)
+def register_worker(worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerDep) -> WorkerPublic:
+    """Register a worker with its chip (name, limits), backends and software, under the caller's token."""
+    return protocol.register(worker, caller)
 
 
 @router.post(
@@ -40,37 +41,42 @@ def register_worker(worker: WorkerCreate, protocol: ProtocolDep) -> WorkerPublic
     response_model=LeasePublic,
     responses={204: {"description": "no job for this worker now"}},
 )
-def lease_job(request: LeaseCreate, protocol: ProtocolDep) -> LeasePublic | Response:
-    """Lease the oldest job this worker's chip and backends can run (204 when there is none)."""
-    lease = protocol.lease(request.worker_id)
+def lease_job(request: LeaseCreate, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic | Response:
+    """Lease the oldest job this worker's chip and backends can run (204 when there is none).
+
+    The worker must be one the caller's token registered (403 otherwise).
+    """
+    lease = protocol.lease(request.worker_id, caller)
     return lease if lease is not None else Response(status_code=204)
 
 
 @router.post("/leases/{token}/heartbeat")
-def heartbeat(token: str, protocol: ProtocolDep) -> LeasePublic:
+def heartbeat(token: str, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic:
     """Renew the lease for another lease period."""
-    return protocol.heartbeat(token)
+    return protocol.heartbeat(token, caller)
 
 
 @router.post("/leases/{token}/ask")
-def ask(token: str, protocol: ProtocolDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1) -> AskPublic:
+def ask(
+    token: str, protocol: ProtocolDep, caller: WorkerDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1
+) -> AskPublic:
     """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``."""
-    return protocol.ask(token, n)
+    return protocol.ask(token, caller, n)
 
 
 @router.post("/leases/{token}/tell")
-def tell(token: str, outcomes: TellCreate, protocol: ProtocolDep) -> TellPublic:
+def tell(token: str, outcomes: TellCreate, protocol: ProtocolDep, caller: WorkerDep) -> TellPublic:
     """Outcomes of asked trials; repeating a tell is counted once."""
-    return protocol.tell(token, outcomes)
+    return protocol.tell(token, caller, outcomes)
 
 
 @router.post("/leases/{token}/complete")
-def complete(token: str, results: CompleteCreate, protocol: ProtocolDep) -> JobPublic:
+def complete(token: str, results: CompleteCreate, protocol: ProtocolDep, caller: WorkerDep) -> JobPublic:
     """The interleaved validation run: promotes the winner if it beats the key's best; ends the job."""
-    return protocol.complete(token, results)
+    return protocol.complete(token, caller, results)
 
 
 @router.post("/leases/{token}/release")
-def release(token: str, request: ReleaseCreate, protocol: ProtocolDep) -> JobPublic:
+def release(token: str, request: ReleaseCreate, protocol: ProtocolDep, caller: WorkerDep) -> JobPublic:
     """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
-    return protocol.release(token, request)
+    return protocol.release(token, caller, request)

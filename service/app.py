@@ -25,9 +25,10 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
-from tiletune.service import api_configs, api_misses, api_sweeps, api_workers
+from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers
+from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
-from tiletune.service.errors import ServiceError
+from tiletune.service.errors import ServiceError, UnauthorizedError
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
@@ -52,6 +53,7 @@ class Services:
     protocol: WorkerProtocol
     lookup_cache: LookupCache
     misses: Misses
+    tokens: Tokens
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -70,13 +72,17 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
     studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
     misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
+    tokens = Tokens(db)
+    if settings.admin_token is not None:
+        tokens.bootstrap(settings.admin_token.get_secret_value())
     return Services(
         settings,
         db,
         queue,
-        WorkerProtocol(db, queue, studies),
+        WorkerProtocol(db, queue, studies, settings.workers_create_chips),
         LookupCache(settings.lookup_cache_s),
         misses,
+        tokens,
     )
 
 
@@ -103,7 +109,14 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         lifespan=lifespan,
     )
     app.state.services = services
-    for router in (api_sweeps.router, api_workers.router, api_configs.router, api_misses.router):
+    routers = (
+        api_sweeps.router,
+        api_workers.router,
+        api_configs.router,
+        api_misses.router,
+        api_tokens.router,
+    )
+    for router in routers:
         app.include_router(router)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
@@ -125,7 +138,8 @@ def _reap_forever(services: Services, stop: threading.Event) -> None:
 async def _service_error(_request: Request, error: Exception) -> Response:
     assert isinstance(error, ServiceError)
     body = ErrorBody(code=error.code, message=error.message, field=error.field)
-    return JSONResponse(body.model_dump(), status_code=error.status)
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, UnauthorizedError) else None
+    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
 
 async def _validation_error(_request: Request, error: Exception) -> Response:

@@ -1,41 +1,90 @@
-"""FastAPI dependencies as ``Annotated`` aliases: the routes' way to reach the services."""
+"""FastAPI dependencies as ``Annotated`` aliases: the routes' way to reach the services and the caller.
+
+The caller's identity comes from ``Authorization: Bearer`` (:mod:`tiletune.service.auth`);
+``ReaderDep`` lets anonymous callers through when reads are open, the role dependencies
+never do. The dependencies are ``async``, so resolving them costs no thread-pool hop.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from tiletune.client.wire import Role
+from tiletune.service.auth import ANONYMOUS, Identity, Tokens, require
 from tiletune.service.database import Database
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.settings import Settings
 
+_bearer = HTTPBearer(auto_error=False, description="a tiletune token (`tiletune token create`)")
 
-def _db(request: Request) -> Database:
+
+async def _db(request: Request) -> Database:
     db: Database = request.app.state.services.db
     return db
 
 
-def _protocol(request: Request) -> WorkerProtocol:
+async def _protocol(request: Request) -> WorkerProtocol:
     protocol: WorkerProtocol = request.app.state.services.protocol
     return protocol
 
 
-def _lookup_cache(request: Request) -> LookupCache:
+async def _lookup_cache(request: Request) -> LookupCache:
     cache: LookupCache = request.app.state.services.lookup_cache
     return cache
 
 
-def _misses(request: Request) -> Misses:
+async def _misses(request: Request) -> Misses:
     misses: Misses = request.app.state.services.misses
     return misses
 
 
-def _settings(request: Request) -> Settings:
+async def _settings(request: Request) -> Settings:
     settings: Settings = request.app.state.services.settings
     return settings
+
+
+async def _tokens(request: Request) -> Tokens:
+    tokens: Tokens = request.app.state.services.tokens
+    return tokens
+
+
+async def _caller(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Identity:
+    if credentials is None:
+        return ANONYMOUS
+    tokens: Tokens = request.app.state.services.tokens
+    return tokens.identify(credentials.credentials)
+
+
+CallerDep = Annotated[Identity, Depends(_caller)]
+
+
+async def _reader(caller: CallerDep, request: Request) -> Identity:
+    if caller.anonymous and request.app.state.services.settings.open_reads:
+        return caller
+    return require(caller, Role.READER)
+
+
+async def _submitter(caller: CallerDep) -> Identity:
+    return require(caller, Role.SUBMITTER)
+
+
+async def _worker(caller: CallerDep) -> Identity:
+    return require(caller, Role.WORKER)
+
+
+async def _admin(caller: CallerDep) -> Identity:
+    return require(caller, Role.ADMIN)
+
+
+async def _token_holder(caller: CallerDep) -> Identity:
+    return require(caller, Role.READER)
 
 
 DatabaseDep = Annotated[Database, Depends(_db)]
@@ -43,3 +92,11 @@ LookupCacheDep = Annotated[LookupCache, Depends(_lookup_cache)]
 ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
+TokensDep = Annotated[Tokens, Depends(_tokens)]
+#: Anyone when reads are open, else any valid token.
+ReaderDep = Annotated[Identity, Depends(_reader)]
+#: Any valid token, even when reads are open (writes such as miss reports).
+TokenHolderDep = Annotated[Identity, Depends(_token_holder)]
+SubmitterDep = Annotated[Identity, Depends(_submitter)]
+WorkerDep = Annotated[Identity, Depends(_worker)]
+AdminDep = Annotated[Identity, Depends(_admin)]

@@ -2,23 +2,28 @@
 
 Functions take the caller's session and never commit (see :mod:`tiletune.service.database`).
 
-- :func:`register_worker` creates or updates the chip (limits) and records the software
-  fingerprint beside it, then the worker;
-- :func:`touch_worker` finds a worker and marks it seen (every lease call does);
+- :func:`register_worker` records the worker under the caller's token, its chip and the
+  software fingerprint beside it. A chip is created only with :class:`ChipRights` ``create``
+  (workers' tokens, where the settings allow), and an existing chip's kind or limits change
+  only with ``change`` (an admin's): anyone else gets 403 and nothing changes. The any-chip
+  marker ``*`` is no chip's name;
+- :func:`touch_worker` finds a worker of the caller's token and marks it seen (every lease
+  call does); another token's worker is 403;
 - a software fingerprint is stored once per (chip, canonical JSON text).
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import ChipWire, WorkerCreate
+from tiletune.client.wire import ANY_CHIP, ChipWire, WorkerCreate
 from tiletune.kernels import DeviceLimits
-from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
 from tiletune.service.models import ChipRow, SoftwareRow, WorkerRow
 
 
@@ -37,12 +42,24 @@ def chip_by_name(session: Session, name: str) -> ChipRow | None:
     return session.scalar(select(ChipRow).where(ChipRow.name == name))
 
 
-def register_worker(session: Session, request: WorkerCreate, now: datetime) -> tuple[WorkerRow, ChipRow]:
-    """Record a worker, its chip (limits updated) and its software fingerprint."""
+@dataclass(frozen=True)
+class ChipRights:
+    """What a registration may do to chips: create a new one, change an existing one's limits."""
+
+    create: bool = True
+    change: bool = False
+
+
+def register_worker(
+    session: Session, request: WorkerCreate, now: datetime, token_id: int | None, rights: ChipRights
+) -> tuple[WorkerRow, ChipRow]:
+    """Record a worker of token ``token_id``, its chip and its software fingerprint."""
     for index, backend in enumerate(request.backends):
         if not backend:
             raise InvalidInputError("backend names must not be empty", field=f"backends[{index}]")
-    chip = _upsert_chip(session, request.chip, now)
+    if request.chip.name == ANY_CHIP:
+        raise InvalidInputError(f"{ANY_CHIP!r} means any chip and names none", field="chip.name")
+    chip = _upsert_chip(session, request.chip, now, rights)
     software = software_row(session, chip.id, request.software, now)
     worker = WorkerRow(
         name=request.name,
@@ -51,6 +68,7 @@ def register_worker(session: Session, request: WorkerCreate, now: datetime) -> t
         backends=list(request.backends),
         kernels=list(request.kernels),
         kernel_versions=dict(request.kernel_versions),
+        token_id=token_id,
         registered_at=now,
         last_seen_at=now,
     )
@@ -59,11 +77,25 @@ def register_worker(session: Session, request: WorkerCreate, now: datetime) -> t
     return worker, chip
 
 
-def _upsert_chip(session: Session, wire: ChipWire, now: datetime) -> ChipRow:
+def _limits(chip: ChipRow) -> tuple[str, int, int, int]:
+    return (chip.kind, chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes)
+
+
+def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRights) -> ChipRow:
     chip = chip_by_name(session, wire.name)
+    wanted = (wire.kind, wire.local_memory_bytes, wire.max_buffer_num, wire.alignment_bytes)
     if chip is None:
+        if not rights.create:
+            raise ForbiddenError(f"no chip {wire.name!r} is registered; an admin registers new chips", "chip")
         chip = ChipRow(name=wire.name, created_at=now)
         session.add(chip)
+    elif _limits(chip) == wanted:
+        return chip
+    elif not rights.change:
+        raise ForbiddenError(
+            f"chip {wire.name!r} is registered with other limits {_limits(chip)}; an admin changes them",
+            "chip",
+        )
     chip.kind = wire.kind
     chip.local_memory_bytes = wire.local_memory_bytes
     chip.max_buffer_num = wire.max_buffer_num
@@ -98,10 +130,16 @@ def newest_software_id(session: Session, chip_id: int) -> int | None:
     )
 
 
-def touch_worker(session: Session, worker_id: int, now: datetime) -> WorkerRow:
-    """The worker ``worker_id``, marked seen at ``now``; :class:`NotFoundError` otherwise."""
+def touch_worker(session: Session, worker_id: int, now: datetime, token_id: int | None) -> WorkerRow:
+    """The worker ``worker_id`` of token ``token_id``, marked seen at ``now``.
+
+    :class:`NotFoundError` when there is none (or it was registered before tokens: register
+    again), :class:`ForbiddenError` when another token registered it.
+    """
     worker = session.get(WorkerRow, worker_id)
-    if worker is None:
+    if worker is None or worker.token_id is None:
         raise NotFoundError(f"no worker {worker_id}; register first", field="worker_id")
+    if worker.token_id != token_id:
+        raise ForbiddenError(f"worker {worker_id} is another token's", field="worker_id")
     worker.last_seen_at = now
     return worker

@@ -19,11 +19,12 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import ANY_CHIP, JobState, SweepCreate, SweepPublic
+from tiletune.client.wire import ANY_CHIP, JobState, Role, SweepCreate, SweepPublic
 from tiletune.kernels import KernelSpec, Shape
 from tiletune.service import lifecycle
+from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, tuned_on_newest_software
-from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import JobRow, SweepRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
@@ -76,12 +77,20 @@ def _parse_parts(request: SweepCreate) -> list[tuple[KernelSpec, list[Shape]]]:
 
 
 def create_sweep(
-    session: Session, request: SweepCreate, planned: Sequence[PlannedJob], now: datetime
+    session: Session,
+    request: SweepCreate,
+    planned: Sequence[PlannedJob],
+    now: datetime,
+    owner_token_id: int | None = None,
 ) -> SweepPublic:
-    """Write the sweep and its jobs (see the module docstring); the sweep as the API shows it."""
+    """Write the sweep (of token ``owner_token_id``) and its jobs; the sweep as the API shows it."""
     kernels = list(dict.fromkeys(job.spec.name for job in planned))
     sweep = SweepRow(
-        name=request.name, kernels=kernels, request=request.model_dump(mode="json"), created_at=now
+        name=request.name,
+        kernels=kernels,
+        request=request.model_dump(mode="json"),
+        owner_token_id=owner_token_id,
+        created_at=now,
     )
     session.add(sweep)
     session.flush()
@@ -147,6 +156,17 @@ def sweep_row(session: Session, sweep_id: int) -> SweepRow:
     if sweep is None:
         raise NotFoundError(f"no sweep {sweep_id}", field="sweep_id")
     return sweep
+
+
+def check_owner(session: Session, sweep_id: int, caller: Identity) -> None:
+    """Refuse (403) a change of sweep ``sweep_id`` by anyone but an admin or the token that submitted it."""
+    sweep = sweep_row(session, sweep_id)
+    if caller.may(Role.ADMIN):
+        return
+    if not caller.may(Role.SUBMITTER) or sweep.owner_token_id != caller.token_id:
+        raise ForbiddenError(
+            f"sweep {sweep_id} is another token's; only it or an admin may change it", "sweep_id"
+        )
 
 
 def sweep_rows(session: Session, limit: int = 50, offset: int = 0) -> Sequence[SweepRow]:

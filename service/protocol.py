@@ -34,6 +34,7 @@ from tiletune.client.wire import (
     LeasedJob,
     LeasePublic,
     ReleaseCreate,
+    Role,
     Task,
     TellCreate,
     TellPublic,
@@ -43,6 +44,7 @@ from tiletune.client.wire import (
     WorkerPublic,
 )
 from tiletune.service import configs, fleet, jobs, lifecycle
+from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, Winner
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
@@ -63,32 +65,41 @@ WARM_START_NEIGHBOURS = 3
 class WorkerProtocol:
     """The worker protocol over the database, the queue and the jobs' searches."""
 
-    def __init__(self, db: Database, queue: JobQueue, studies: StudyHost) -> None:
+    def __init__(
+        self, db: Database, queue: JobQueue, studies: StudyHost, workers_create_chips: bool = True
+    ) -> None:
         self.db = db
         self.queue = queue
         self.studies = studies
+        self.workers_create_chips = workers_create_chips
 
     # -- workers and leases -----------------------------------------------------------------
 
-    def register(self, request: WorkerCreate) -> WorkerPublic:
-        """Record a worker and its chip; workers of a new chip registering at once race, the loser retries."""
-        try:
-            return self._register(request)
-        except IntegrityError:
-            return self._register(request)
+    def register(self, request: WorkerCreate, caller: Identity) -> WorkerPublic:
+        """Record a worker of ``caller``'s token and its chip (see :func:`fleet.register_worker`).
 
-    def _register(self, request: WorkerCreate) -> WorkerPublic:
+        Workers of a new chip registering at once race to create it; the loser tries again.
+        """
+        try:
+            return self._register(request, caller)
+        except IntegrityError:
+            return self._register(request, caller)
+
+    def _register(self, request: WorkerCreate, caller: Identity) -> WorkerPublic:
+        rights = fleet.ChipRights(
+            create=caller.may(Role.ADMIN) or self.workers_create_chips, change=caller.may(Role.ADMIN)
+        )
         with self.db.write() as session:
-            worker, chip = fleet.register_worker(session, request, self.db.clock())
+            worker, chip = fleet.register_worker(session, request, self.db.clock(), caller.token_id, rights)
             return worker_public(worker, chip, dict(request.software))
 
-    def lease(self, worker_id: int) -> LeasePublic | None:
-        """A lease on a job this worker can run, or ``None``."""
+    def lease(self, worker_id: int, caller: Identity) -> LeasePublic | None:
+        """A lease on a job this worker (one of ``caller``'s token) can run, or ``None``."""
         self.reap()
         skipped: set[int] = set()
         for _ in range(MAX_CLAIM_ATTEMPTS):
             with self.db.write() as session:
-                worker = fleet.touch_worker(session, worker_id, self.db.clock())
+                worker = fleet.touch_worker(session, worker_id, self.db.clock(), caller.token_id)
                 claimed = self.queue.claim(session, worker, skipped)
                 if claimed is None:
                     return None
@@ -96,10 +107,10 @@ class WorkerProtocol:
                     return self._lease_public(*claimed)
         return None
 
-    def heartbeat(self, token: str) -> LeasePublic:
+    def heartbeat(self, token: str, caller: Identity) -> LeasePublic:
         """Renew a lease."""
         with self.db.write() as session:
-            return self._lease_public(*self.queue.heartbeat(session, token))
+            return self._lease_public(*self.queue.heartbeat(session, token, caller.token_id))
 
     def _lease_public(self, lease: LeaseRow, job: JobRow) -> LeasePublic:
         settings = self.queue.settings
@@ -122,13 +133,13 @@ class WorkerProtocol:
 
     # -- ask --------------------------------------------------------------------------------
 
-    def ask(self, token: str, n: int = 1) -> AskPublic:
+    def ask(self, token: str, caller: Identity, n: int = 1) -> AskPublic:
         """Up to ``n`` configs to measure, or the validation, or ``wait`` / ``done``."""
         if not 1 <= n <= MAX_ASK:
             raise InvalidInputError(f"n must be between 1 and {MAX_ASK}, got {n}", field="n")
         job_id = self._job_of(token)
         with self.studies.lock(job_id), self.db.write() as session:
-            lease, job = self.queue.fence(session, token)
+            lease, job = self.queue.fence(session, token, caller.token_id)
             if lifecycle.is_final(job.state):
                 return AskPublic(phase=AskPhase.DONE)
             if job.state == JobState.VALIDATING:
@@ -206,12 +217,12 @@ class WorkerProtocol:
 
     # -- tell -------------------------------------------------------------------------------
 
-    def tell(self, token: str, request: TellCreate) -> TellPublic:
+    def tell(self, token: str, caller: Identity, request: TellCreate) -> TellPublic:
         """Record outcomes of asked trials; a repeated outcome is counted once."""
         job_id = self._job_of(token)
         accepted = repeated = 0
         with self.studies.lock(job_id), self.db.write() as session:
-            lease, job = self.queue.fence(session, token)
+            lease, job = self.queue.fence(session, token, caller.token_id)
             search = self._search(session, job) if not lifecycle.is_final(job.state) else None
             now = self.db.clock()
             for index, outcome in enumerate(request.outcomes):
@@ -230,11 +241,11 @@ class WorkerProtocol:
 
     # -- complete, release, cancel, reap ----------------------------------------------------
 
-    def complete(self, token: str, request: CompleteCreate) -> JobPublic:
+    def complete(self, token: str, caller: Identity, request: CompleteCreate) -> JobPublic:
         """Take the validation run, promote its winner if it beats the key's best, end the job."""
         job_id = self._job_of(token)
         with self.studies.lock(job_id), self.db.write() as session:
-            lease, job = self.queue.fence(session, token)
+            lease, job = self.queue.fence(session, token, caller.token_id)
             if job.state != JobState.VALIDATING or job.validator_lease_id != lease.id:
                 raise ConflictError(f"job {job.id} is not waiting for this lease's validation", field="token")
             expected = self._finalists(session, job)
@@ -275,11 +286,11 @@ class WorkerProtocol:
             self.studies.forget(job.id)
             return job_public(session, job)
 
-    def release(self, token: str, request: ReleaseCreate) -> JobPublic:
+    def release(self, token: str, caller: Identity, request: ReleaseCreate) -> JobPublic:
         """End a lease by the worker's wish; its outstanding trials are asked again later."""
         job_id = self._job_of(token)
         with self.studies.lock(job_id), self.db.write() as session:
-            lease, job = self.queue.fence(session, token)
+            lease, job = self.queue.fence(session, token, caller.token_id)
             self._abandon(session, job, lease.id, f"lease released: {request.reason}")
             self.queue.end(session, lease, job, request.reason, failed=request.failed)
             return job_public(session, job)
@@ -311,23 +322,28 @@ class WorkerProtocol:
             if trial.number is not None and trial.number in search.outstanding_ids:
                 search.abandon(trial.number, reason)
 
-    def cancel_job(self, job_id: int) -> JobPublic:
-        """Cancel a job that has not finished; its leases see ``done`` at their next ask."""
+    def cancel_job(self, job_id: int, caller: Identity) -> JobPublic:
+        """Cancel a job that has not finished; its leases see ``done`` at their next ask.
+
+        An admin may cancel any job, a submitter the jobs of its own sweeps (403 otherwise).
+        """
         with self.studies.lock(job_id), self.db.write() as session:
             job = jobs.job_row(session, job_id)
+            jobs.check_owner(session, job.sweep_id, caller)
             if lifecycle.allows(job.state, Event.CANCELLED):
                 lifecycle.move(job, Event.CANCELLED, self.db.clock())
             self.studies.forget(job_id)
             return job_public(session, job)
 
-    def cancel_sweep(self, sweep_id: int) -> None:
-        """Cancel every unfinished job of a sweep."""
+    def cancel_sweep(self, sweep_id: int, caller: Identity) -> None:
+        """Cancel every unfinished job of a sweep (an admin's, or its submitter's)."""
         with self.db.read() as session:
+            jobs.check_owner(session, sweep_id, caller)
             live = [
                 job.id for job in jobs.job_rows_of_sweep(session, sweep_id) if lifecycle.is_live(job.state)
             ]
         for job_id in live:
-            self.cancel_job(job_id)
+            self.cancel_job(job_id, caller)
 
 
 def _check_outcome(outcome: TrialOutcome, index: int) -> None:

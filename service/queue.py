@@ -11,9 +11,10 @@ PostgreSQL, through the worker protocol):
   the job's ``active_leases``, so two workers never both take the last place on a job;
   PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do not wait
   on each other. A job of any chip binds to the chip that first leases it.
-- ``fence(session, token)`` returns the lease and its job for a write, or raises
+- ``fence(session, token, holder)`` returns the lease and its job for a write, or raises
   :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown, ended, or past
-  ``expires_at`` by the clock (even before it is reaped).
+  ``expires_at`` by the clock (even before it is reaped); a lease whose worker another token
+  registered than ``holder`` is :class:`~tiletune.service.errors.ForbiddenError`.
 - ``heartbeat(session, token)`` moves ``expires_at`` to now + ``lease_s``.
 - ``end(session, lease, job, reason, failed)`` ends a lease; a job left with no active lease
   goes back to ``queued`` unless it is finished, and a failed or expired lease counts
@@ -38,7 +39,7 @@ from tiletune.client.wire import ANY_CHIP, JobState
 from tiletune.service import lifecycle
 from tiletune.service.configs import JobKey, tuned_on_software
 from tiletune.service.database import Database, aware
-from tiletune.service.errors import LeaseLostError
+from tiletune.service.errors import ForbiddenError, LeaseLostError
 from tiletune.service.fleet import chip_limits
 from tiletune.service.lifecycle import Event
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, WorkerRow
@@ -154,10 +155,11 @@ class JobQueue:
         session.flush()
         return lease, job
 
-    def fence(self, session: Session, token: str) -> tuple[LeaseRow, JobRow]:
-        """The live lease ``token`` and its job (row-locked on PostgreSQL).
+    def fence(self, session: Session, token: str, holder: int | None) -> tuple[LeaseRow, JobRow]:
+        """The live lease ``token`` of a worker of token ``holder``, and its job (row-locked on PostgreSQL).
 
-        Raises :class:`LeaseLostError` when the lease is unknown, ended or expired.
+        Raises :class:`LeaseLostError` when the lease is unknown, ended or expired,
+        :class:`ForbiddenError` when it is another token's.
         """
         query = select(LeaseRow).where(LeaseRow.token == token)
         if self.db.postgres:  # lease row, then job row: the order reap takes them in too
@@ -169,6 +171,8 @@ class JobQueue:
             raise LeaseLostError(f"the lease ended: {lease.end_reason}", field="token")
         if aware(lease.expires_at) <= self.db.clock():
             raise LeaseLostError("the lease expired; its job went back to the queue", field="token")
+        if self.worker_of(session, lease).token_id != holder:
+            raise ForbiddenError("the lease is another token's worker's", field="token")
         job_query = select(JobRow).where(JobRow.id == lease.job_id)
         if self.db.postgres:
             job_query = job_query.with_for_update()
@@ -176,9 +180,9 @@ class JobQueue:
         assert job is not None
         return lease, job
 
-    def heartbeat(self, session: Session, token: str) -> tuple[LeaseRow, JobRow]:
+    def heartbeat(self, session: Session, token: str, holder: int | None) -> tuple[LeaseRow, JobRow]:
         """Renew a live lease for another ``lease_s``."""
-        lease, job = self.fence(session, token)
+        lease, job = self.fence(session, token, holder)
         lease.expires_at = self.db.clock() + timedelta(seconds=self.settings.lease_s)
         session.flush()
         return lease, job

@@ -5,7 +5,7 @@ Never read at import time: ``create_app(settings)`` takes them explicitly.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiletune.service.database import default_url
@@ -27,7 +27,13 @@ class Settings(BaseSettings):
       (a promotion in the same replica is seen at once; 0 turns the cache off);
     - ``miss_queue_threshold``: reports of one missed key after which the server
       queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
-      the trials of such a job (see ``tiletune.service.misses``).
+      the trials of such a job (see ``tiletune.service.misses``);
+    - ``admin_token``: the first admin token of an empty database (a deployment's secret;
+      without it ``tiletune server`` makes one and shows it once);
+    - ``open_reads``: reads need no token (``None``: ``tiletune server`` opens them on a
+      loopback address only; an app made in code keeps them closed);
+    - ``workers_create_chips``: a worker token may register a chip nobody registered yet
+      (changing an existing chip's limits is an admin's).
     """
 
     model_config = SettingsConfigDict(env_prefix="TILETUNE_")
@@ -43,3 +49,6 @@ class Settings(BaseSettings):
     lookup_cache_s: float = Field(default=2.0, ge=0)
     miss_queue_threshold: int = Field(default=3, ge=0)
     miss_trials: int = Field(default=40, ge=1, le=10_000)
+    admin_token: SecretStr | None = None
+    open_reads: bool | None = None
+    workers_create_chips: bool = True

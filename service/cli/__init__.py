@@ -8,6 +8,7 @@ libraries are imported by the handlers that need them, when they run):
 - ``local``: ``kernels``, ``tune``, ``bench`` (no server);
 - ``serve``: ``server``, ``worker``, ``up`` (the processes of the service);
 - ``remote``: ``submit``, ``lookup`` (talking to a server);
+- ``tokens``: ``token create|list|revoke`` (an admin's);
 - ``sweepfile``: a sweep from a FILE or from flags;
 - ``follow``: ``up --submit``'s follower of a sweep;
 - ``text``: the text the remote commands print.

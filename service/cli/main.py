@@ -2,7 +2,8 @@
 
 The commands live beside this module: :mod:`~tiletune.service.cli.local` (``kernels``,
 ``tune``, ``bench``), :mod:`~tiletune.service.cli.serve` (``server``, ``worker``, ``up``) and
-:mod:`~tiletune.service.cli.remote` (``submit``, ``lookup``). Building the parser imports
+:mod:`~tiletune.service.cli.remote` (``submit``, ``lookup``), :mod:`~tiletune.service.cli.tokens`
+(``token create|list|revoke``). Building the parser imports
 none of torch, Optuna or the server's libraries, so ``tiletune --help``, ``--version``,
 ``submit`` and ``lookup`` run on the base install (httpx and pydantic).
 
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 from tiletune.client.calls import ServerRefusedError, ServerUnreachableError, UnexpectedAnswerError
 from tiletune.client.chip import package_version
-from tiletune.service.cli import local, remote, serve
+from tiletune.service.cli import local, remote, serve, tokens
 from tiletune.service.cli.options import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -47,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_server_parsers(commands)
     remote.add_submit_parser(commands)
     remote.add_lookup_parser(commands)
+    tokens.add_token_parser(commands)
     return parser
 
 

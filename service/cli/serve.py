@@ -24,6 +24,7 @@ its parsers, on the base install too.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import os
 import signal
@@ -40,11 +41,12 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tiletune.client.api import ServiceApi
-from tiletune.client.wire import ANY_CHIP, DEVICE_KINDS, MAX_ASK, SweepCreate
+from tiletune.client.wire import ANY_CHIP, DEVICE_KINDS, MAX_ASK, Role, SweepCreate
 from tiletune.service.cli.follow import SweepFollower
 from tiletune.service.cli.options import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
+    TOKEN_ENV,
     BadInputError,
     CommandFailedError,
     Commands,
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tiletune.kernels.device import Device
+    from tiletune.service.auth import Tokens
     from tiletune.service.settings import Settings
     from tiletune.tuner.worker import Worker
 
@@ -70,6 +73,9 @@ DEFAULT_PORT = 8642
 START_TIMEOUT_S = 60.0
 WORKER_STOP_S = 60.0
 SERVER_STOP_S = 15.0
+#: Names of the tokens ``up`` makes at each start: its worker's and the person's at the terminal.
+UP_WORKER_TOKEN = "tiletune up: worker"
+UP_PERSON_TOKEN = "tiletune up: you"
 #: How often ``up``'s main loop looks at its threads and the stop signal.
 TICK_S = 0.2
 
@@ -145,17 +151,31 @@ def _log_to_stderr() -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
-def _uvicorn_server(settings: Settings, host: str, port: int, access_log: bool) -> uvicorn.Server:
-    """A uvicorn server of the app."""
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _uvicorn_server(
+    settings: Settings, host: str, port: int, access_log: bool
+) -> tuple[uvicorn.Server, Tokens]:
+    """A uvicorn server of the app, and the app's tokens.
+
+    Reads are open when ``TILETUNE_OPEN_READS`` says so, else only on a loopback ``host``.
+    """
     import uvicorn
 
     from tiletune.service.app import create_app
 
     _log_to_stderr()
-    config = uvicorn.Config(
-        create_app(settings), host=host, port=port, lifespan="on", log_level="info", access_log=access_log
-    )
-    return uvicorn.Server(config)
+    if settings.open_reads is None:
+        settings = settings.model_copy(update={"open_reads": _is_loopback(host)})
+    app = create_app(settings)
+    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info", access_log=access_log)
+    tokens: Tokens = app.state.services.tokens
+    return uvicorn.Server(config), tokens
 
 
 # -- server ---------------------------------------------------------------------------------------
@@ -166,7 +186,14 @@ def cmd_server(args: argparse.Namespace) -> None:
     settings = _settings(args.db, args.optuna_db)
     sock = _bind(args.host, args.port)  # first: a busy port fails fast and touches no database
     _migrate(settings.db_url)
-    server = _uvicorn_server(settings, args.host, args.port, access_log=True)
+    server, tokens = _uvicorn_server(settings, args.host, args.port, access_log=True)
+    first_admin = tokens.bootstrap(None)
+    if first_admin is not None:
+        print(
+            "tiletune server: the database had no token; the first admin token (shown once, keep it"
+            f" in a secret; `tiletune token create` makes others):\n{first_admin}",
+            flush=True,
+        )
     print(f"tiletune server: serving {_url(sock)} (database {_safe_url(settings.db_url)})", flush=True)
     server.run(sockets=[sock])
 
@@ -259,6 +286,8 @@ class _Up:
 
     url: str
     settings: Settings
+    worker_token: str
+    person_token: str
     server_thread: threading.Thread
     device: Device
     request: SweepCreate | None
@@ -278,10 +307,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     settings = _settings(args.db)
     sock = _bind(DEFAULT_HOST, args.port)
     _migrate(settings.db_url)
-    server = _uvicorn_server(settings, DEFAULT_HOST, args.port, access_log=False)
+    server, tokens = _uvicorn_server(settings, DEFAULT_HOST, args.port, access_log=False)
+    worker_token = tokens.replace(Role.WORKER, UP_WORKER_TOKEN).token
+    person_token = tokens.replace(Role.ADMIN, UP_PERSON_TOKEN).token
     server_thread = _start_server_thread(server, sock)
     try:
-        return _run(_Up(_url(sock), settings, server_thread, device, request, args.until_done))
+        up = _Up(
+            _url(sock), settings, worker_token, person_token, server_thread, device, request, args.until_done
+        )
+        return _run(up)
     finally:
         server.should_exit = True
         server_thread.join(SERVER_STOP_S)
@@ -294,8 +328,9 @@ def _run(up: _Up) -> int:
     failures: list[BaseException] = []
     follower: SweepFollower | None = None
     stop = threading.Event()
-    worker = Worker.connect(up.url, device=up.device, name=f"{socket.gethostname()}-up-{os.getpid()}")
-    with worker, ServiceApi(up.url) as api:
+    name = f"{socket.gethostname()}-up-{os.getpid()}"
+    worker = Worker.connect(up.url, up.worker_token, device=up.device, name=name)
+    with worker, ServiceApi(up.url, up.person_token) as api:
         worker_thread = threading.Thread(target=_run_worker, args=(worker, failures), name="worker")
         worker_thread.daemon = True
         with _stop_signals(stop.set, "the worker, then the server"):
@@ -334,6 +369,7 @@ def _print_banner(up: _Up) -> None:
         f" one worker on {up.device.chip.name}). Ctrl-C stops.",
         flush=True,
     )
+    print(f"  your admin token (shown once): export {TOKEN_ENV}={up.person_token}", flush=True)
     if up.request is None:
         print(
             f"  try: tiletune submit --server {up.url} --kernel add --shape n=65536 --dtype float32 --wait",

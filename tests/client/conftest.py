@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.client.chip import software_fingerprint
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
@@ -54,7 +55,9 @@ class LiveServer:
             "promoted_at": datetime.now(UTC).isoformat(),
             **fields,
         }
-        httpx.post(f"{self.url}/v1/configs/import", json={"configs": [entry]}).raise_for_status()
+        httpx.post(
+            f"{self.url}/v1/configs/import", json={"configs": [entry]}, headers=ADMIN
+        ).raise_for_status()
 
 
 def free_port() -> int:
@@ -67,7 +70,10 @@ def free_port() -> int:
 def server(tmp_path: Path) -> Iterator[LiveServer]:
     url = f"sqlite:///{tmp_path / 'server.db'}"
     upgrade(url)
-    app = create_app(Settings(db_url=url, lookup_cache_s=0, miss_queue_threshold=3), reaper=False)
+    settings = Settings(
+        db_url=url, lookup_cache_s=0, miss_queue_threshold=3, admin_token=ADMIN_SECRET, open_reads=True
+    )
+    app = create_app(settings, reaper=False)
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
     served = uvicorn.Server(config)
@@ -83,7 +89,7 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         "backends": ["torch"],
         "software": software_fingerprint(),
     }
-    httpx.post(f"{base}/v1/workers", json=worker).raise_for_status()
+    httpx.post(f"{base}/v1/workers", json=worker, headers=ADMIN).raise_for_status()
     yield LiveServer(base, app)
     served.should_exit = True
     thread.join(timeout=10)

@@ -20,6 +20,7 @@ import httpx
 import pytest
 import torch
 
+from tests.credentials import ADMIN_TOKEN
 from tiletune.client import AsyncConfigClient, ClientSettings, ConfigClient
 from tiletune.client.chip import software_fingerprint
 from tiletune.kernels import client_settings, get_kernel, launch, select_config
@@ -60,7 +61,9 @@ def counting() -> CountingTransport:
 
 @pytest.fixture
 def client(server: LiveServer, tmp_path: Path, counting: CountingTransport) -> Iterator[ConfigClient]:
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path), transport=counting) as made:
+    with ConfigClient(
+        server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path), transport=counting
+    ) as made:
         yield made
 
 
@@ -112,7 +115,7 @@ def test_nearest_never_crosses_a_categorical_dim(server: LiveServer, tmp_path: P
     shape = {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 1}
     config = {"block_q": 64, "block_kv": 64, "buffer_num": 2, "pipeline_depth": 2}
     server.tune("fused_attention", shape, config)
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path)) as client:
+    with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as client:
         assert client.prefetch() == 1
         assert client.get("fused_attention", {**shape, "seq_q": 1024}).match == "nearest"
         assert client.get("fused_attention", {**shape, "causal": 0}).match == "default"
@@ -133,7 +136,9 @@ def test_after_a_prefetch_launches_make_no_http_call(
 def test_a_down_server_costs_one_attempt_then_a_back_off(tmp_path: Path) -> None:
     counting = CountingTransport()
     url = f"http://127.0.0.1:{free_port()}"  # nobody listens
-    with ConfigClient(url, CHIP, settings=settings(tmp_path, backoff_s=60.0), transport=counting) as client:
+    with ConfigClient(
+        url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path, backoff_s=60.0), transport=counting
+    ) as client:
         answers = [client.get("add", {"n": 1024 * (i + 1)}) for i in range(50)]
     assert all(answer.match == "default" for answer in answers)
     assert counting.requests.count("/v1/configs/add") == 1
@@ -170,10 +175,10 @@ def test_a_slow_server_costs_one_timeout(tmp_path: Path) -> None:
 
 def test_a_node_without_the_server_starts_from_its_disk_cache(server: LiveServer, tmp_path: Path) -> None:
     server.tune("add", {"n": 65536}, ADD_CONFIG)
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path)) as online:
+    with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as online:
         online.prefetch()
     down = f"http://127.0.0.1:{free_port()}"
-    with ConfigClient(down, CHIP, settings=settings(tmp_path)) as offline:
+    with ConfigClient(down, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as offline:
         answer = offline.get("add", {"n": 65536})
     assert (answer.match, answer.source, dict(answer.config)) == ("exact", "disk", ADD_CONFIG)
 
@@ -182,15 +187,18 @@ def test_a_corrupt_disk_cache_is_ignored_and_replaced(
     server: LiveServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     server.tune("add", {"n": 65536}, ADD_CONFIG)
-    with ConfigClient(None, CHIP, settings=settings(tmp_path)) as offline:
+    with ConfigClient(None, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as offline:
         assert offline.core.disk is not None
         path = offline.core.disk.path
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text('{"configs": [ this is not json')
-    with caplog.at_level(logging.WARNING), ConfigClient(None, CHIP, settings=settings(tmp_path)) as offline:
+    with (
+        caplog.at_level(logging.WARNING),
+        ConfigClient(None, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as offline,
+    ):
         assert offline.get("add", {"n": 65536}).match == "default"
     assert "unreadable config cache" in caplog.text
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path)) as online:
+    with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as online:
         assert online.prefetch() == 1
     assert json.loads(path.read_text())["configs"][0]["config"] == ADD_CONFIG
 
@@ -218,7 +226,7 @@ def test_processes_sharing_a_disk_cache_lose_no_entry(tmp_path: Path) -> None:
         for i in range(4)
     ]
     assert [writer.wait(timeout=120) for writer in writers] == [0, 0, 0, 0]
-    with ConfigClient(None, CHIP, settings=settings(tmp_path, cache_dir=folder)) as reader:
+    with ConfigClient(None, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path, cache_dir=folder)) as reader:
         reader.core.load_disk()
         assert len(reader.core.known) == 80
 
@@ -240,10 +248,10 @@ def test_stale_entries_are_used_and_marked_other_versions_never(
 def test_bundles_move_configs_to_an_air_gapped_node(server: LiveServer, tmp_path: Path) -> None:
     server.tune("add", {"n": 65536}, ADD_CONFIG)
     bundle = tmp_path / "bundle.json"
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path / "a")) as online:
+    with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path / "a")) as online:
         online.prefetch()
         assert online.export_bundle(bundle) == 1
-    with ConfigClient(None, CHIP, settings=settings(tmp_path / "b")) as gapped:
+    with ConfigClient(None, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path / "b")) as gapped:
         assert gapped.import_bundle(bundle) == 1
         assert gapped.get("add", {"n": 65536}).match == "exact"
 
@@ -275,7 +283,7 @@ async def test_the_async_client_answers_like_the_sync_one(server: LiveServer, tm
     server.tune("add", {"n": 65536}, ADD_CONFIG)
     transport = httpx.ASGITransport(app=server.app)
     async with AsyncConfigClient(
-        "http://tiletune", CHIP, settings=settings(tmp_path), transport=transport
+        "http://tiletune", CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path), transport=transport
     ) as client:
         exact = await client.get("add", {"n": 65536})
         assert (exact.match, dict(exact.config)) == ("exact", ADD_CONFIG)
@@ -288,7 +296,9 @@ async def test_the_async_client_answers_like_the_sync_one(server: LiveServer, tm
 
 
 def test_a_key_tuned_after_a_miss_is_picked_up_at_the_recheck(server: LiveServer, tmp_path: Path) -> None:
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path, recheck_s=0.05)) as client:
+    with ConfigClient(
+        server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path, recheck_s=0.05)
+    ) as client:
         assert client.get("add", {"n": 65536}).match == "default"
         server.tune("add", {"n": 65536}, ADD_CONFIG)
         assert client.get("add", {"n": 65536}).match == "default"  # remembered until the recheck
@@ -307,7 +317,9 @@ def test_a_kernel_launch_takes_its_tiling_from_the_client(server: LiveServer, cl
 
 
 def test_a_background_refresh_brings_new_configs(server: LiveServer, tmp_path: Path) -> None:
-    with ConfigClient(server.url, CHIP, settings=settings(tmp_path, refresh_s=0.1)) as client:
+    with ConfigClient(
+        server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path, refresh_s=0.1)
+    ) as client:
         assert client.prefetch() == 0
         assert client.get("add", {"n": 65536}).match == "default"
         server.tune("add", {"n": 65536}, ADD_CONFIG)

@@ -15,6 +15,7 @@ import httpx
 import pytest
 from pydantic import BaseModel, ValidationError
 
+from tests.credentials import ADMIN, ADMIN_TOKEN
 from tiletune.client import ConfigClient, wire
 from tiletune.client.api import ServiceApi
 from tiletune.kernels import client_settings
@@ -116,7 +117,9 @@ class NewerServer(httpx.BaseTransport):
 def test_the_client_keeps_its_answers_against_a_newer_server(server: LiveServer, tmp_path: Path) -> None:
     server.tune("add", {"n": 65536}, ADD_CONFIG)
     settings = client_settings(cache_dir=tmp_path / "cache", timeout_s=5.0, miss_flush_s=3600.0)
-    with ConfigClient(server.url, CHIP, settings=settings, transport=NewerServer()) as client:
+    with ConfigClient(
+        server.url, CHIP, token=ADMIN_TOKEN, settings=settings, transport=NewerServer()
+    ) as client:
         exact = client.get("add", {"n": 65536})
         assert (exact.match, dict(exact.config)) == ("exact", ADD_CONFIG)
         assert client.get("add", {"n": 131072}).match == "nearest"
@@ -125,10 +128,13 @@ def test_the_client_keeps_its_answers_against_a_newer_server(server: LiveServer,
 
 
 def test_a_worker_finishes_its_job_against_a_newer_server(server: LiveServer) -> None:
-    with ServiceApi(server.url) as api:
+    with ServiceApi(server.url, ADMIN_TOKEN) as api:
         sweep = api.submit(wire.SweepCreate(kernel="add", shapes=[{"n": 4096}], trials=3))
     worker = Worker(
-        httpx.Client(base_url=server.url, transport=NewerServer()), backend="cpu", bench=QUICK, name="old"
+        httpx.Client(base_url=server.url, transport=NewerServer(), headers=ADMIN),
+        backend="cpu",
+        bench=QUICK,
+        name="old",
     )
     with worker:
         assert worker.run(once=True) == 1

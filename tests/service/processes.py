@@ -22,8 +22,9 @@ For a fault test, e.g. a worker killed mid-job::
     kill(worker)                          # its lease expires after FAST_LEASES' 4 s
     start_worker(server.url, tmp_path / "w2.log")
 
-Environment: ``TILETUNE_SERVER`` / ``TILETUNE_TOKEN`` of the calling shell are removed,
-so a test sees only what it passes.
+Environment: ``TILETUNE_SERVER`` of the calling shell is removed; a server starts with the
+suite's admin token (``TILETUNE_ADMIN_TOKEN``) and every command sends it (``TILETUNE_TOKEN``,
+:data:`tests.credentials.ADMIN_TOKEN`) unless ``env`` says otherwise.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from tests.credentials import ADMIN_TOKEN
 
 #: The console script under test (the venv's, beside the running interpreter).
 TILETUNE = str(Path(sys.executable).parent / "tiletune")
@@ -59,9 +62,10 @@ def free_port() -> int:
 
 
 def environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """This process's environment without ``TILETUNE_SERVER``/``TOKEN``, one torch thread, plus ``extra``."""
+    """This process's environment: no ``TILETUNE_SERVER``, the suite's tokens, one torch thread, ``extra``."""
     env = {k: v for k, v in os.environ.items() if k not in ("TILETUNE_SERVER", "TILETUNE_TOKEN")}
     env.update({"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update({"TILETUNE_ADMIN_TOKEN": ADMIN_TOKEN, "TILETUNE_TOKEN": ADMIN_TOKEN})
     env.update(extra or {})
     return env
 

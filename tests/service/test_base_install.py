@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.credentials import ADMIN
 from tiletune.client.chip import cpu_chip_name
 from tiletune.tuner.worker import Worker
 
@@ -63,7 +64,7 @@ def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     process = start_server(tmp_path_factory.mktemp("base-install-server"))
     try:
-        with httpx.Client(base_url=process.url) as http:
+        with httpx.Client(base_url=process.url, headers=ADMIN) as http:
             Worker(http, backend="cpu", name="test-registration").register()
         yield process
     finally:

@@ -21,6 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.credentials import ADMIN, ADMIN_TOKEN
 from tests.service.processes import (
     FAST_LEASES,
     START_TIMEOUT_S,
@@ -53,7 +54,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One ``tiletune server`` for the quick tests, with this machine's CPU chip registered."""
     process = start_server(tmp_path_factory.mktemp("cli-server"))
     try:
-        with httpx.Client(base_url=process.url) as http:
+        with httpx.Client(base_url=process.url, headers=ADMIN) as http:
             Worker(http, backend="cpu", name="test-registration").register()
         yield process
     finally:
@@ -62,9 +63,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
 
 @pytest.fixture(autouse=True)
 def no_server_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In-process runs see only the server URL and token a test gives."""
+    """In-process runs see only the server URL a test gives, and the suite's admin token."""
     monkeypatch.delenv("TILETUNE_SERVER", raising=False)
-    monkeypatch.delenv("TILETUNE_TOKEN", raising=False)
+    monkeypatch.setenv("TILETUNE_TOKEN", ADMIN_TOKEN)
 
 
 class Cli:

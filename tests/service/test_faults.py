@@ -14,6 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.credentials import ADMIN
+
 from .processes import kill, log_tail, start_server, start_worker, stop
 
 TIMEOUT_S = 150.0
@@ -33,7 +35,7 @@ def trials(url: str, job_id: int) -> list[dict[str, Any]]:
 
 def submit(url: str, shapes: list[dict[str, int]], trials: int) -> None:
     sweep = {"kernel": "add", "shapes": shapes, "trials": trials}
-    httpx.post(f"{url}/v1/sweeps", json=sweep, timeout=10).raise_for_status()
+    httpx.post(f"{url}/v1/sweeps", json=sweep, headers=ADMIN, timeout=10).raise_for_status()
 
 
 def wait_until(condition: Any, what: str, logs: list[Path], timeout_s: float = TIMEOUT_S) -> None:

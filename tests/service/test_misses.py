@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.kernels import all_kernels
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
@@ -40,8 +41,10 @@ def serve(database_url: str, clock: ManualClock) -> Iterator[Serve]:
 
         def start(**overrides: Any) -> TestClient:
             fields: dict[str, Any] = {"miss_queue_threshold": THRESHOLD, "miss_trials": TRIALS, **overrides}
-            settings = Settings(db_url=database_url, **fields)
-            return stack.enter_context(TestClient(create_app(settings, clock=clock, reaper=False)))
+            settings = Settings(db_url=database_url, admin_token=ADMIN_SECRET, **fields)
+            return stack.enter_context(
+                TestClient(create_app(settings, clock=clock, reaper=False), headers=ADMIN)
+            )
 
         yield start
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
@@ -28,8 +29,10 @@ LEASE_S = 60.0
 @pytest.fixture
 def client(database_url: str, clock: ManualClock) -> Iterator[TestClient]:
     upgrade(database_url)
-    settings = Settings(db_url=database_url, lease_s=LEASE_S, heartbeat_s=5, max_lease_failures=3)
-    with TestClient(create_app(settings, clock=clock, reaper=False)) as test_client:
+    settings = Settings(
+        db_url=database_url, lease_s=LEASE_S, heartbeat_s=5, max_lease_failures=3, admin_token=ADMIN_SECRET
+    )
+    with TestClient(create_app(settings, clock=clock, reaper=False), headers=ADMIN) as test_client:
         yield test_client
 
 
@@ -388,10 +391,10 @@ def test_health_metrics_and_openapi(client: TestClient) -> None:
 def test_two_replicas_over_postgres_serve_one_job_without_repeating_a_config(clock: ManualClock) -> None:
     with postgres_database() as url:
         upgrade(url)
-        settings = Settings(db_url=url, lease_s=LEASE_S)
+        settings = Settings(db_url=url, lease_s=LEASE_S, admin_token=ADMIN_SECRET)
         with (
-            TestClient(create_app(settings, clock=clock, reaper=False)) as first,
-            TestClient(create_app(settings, clock=clock, reaper=False)) as second,
+            TestClient(create_app(settings, clock=clock, reaper=False), headers=ADMIN) as first,
+            TestClient(create_app(settings, clock=clock, reaper=False), headers=ADMIN) as second,
         ):
             worker = register(first)
             submit(second, trials=8)
@@ -445,7 +448,8 @@ def test_one_sweep_may_tune_several_kernels(client: TestClient) -> None:
 
 def test_a_body_over_the_limit_is_refused_and_changes_nothing(database_url: str) -> None:
     upgrade(database_url)
-    with TestClient(create_app(Settings(db_url=database_url, max_body_bytes=2000), reaper=False)) as client:
+    settings = Settings(db_url=database_url, max_body_bytes=2000, admin_token=ADMIN_SECRET)
+    with TestClient(create_app(settings, reaper=False), headers=ADMIN) as client:
         shapes = [{"n": 1024 + i} for i in range(200)]
         response = client.post("/v1/sweeps", json={"kernel": "add", "shapes": shapes})
         assert response.status_code == 413

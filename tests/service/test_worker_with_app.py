@@ -10,6 +10,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
@@ -23,7 +24,8 @@ QUICK = BenchSettings(warmup_runs=1, min_samples=3, budget_s=0.02, max_samples=1
 def client(tmp_path: Path) -> Iterator[TestClient]:
     url = f"sqlite:///{tmp_path / 'tiletune.db'}"
     upgrade(url)
-    with TestClient(create_app(Settings(db_url=url), reaper=False)) as test_client:
+    settings = Settings(db_url=url, admin_token=ADMIN_SECRET)
+    with TestClient(create_app(settings, reaper=False), headers=ADMIN) as test_client:
         yield test_client
 
 

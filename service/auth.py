@@ -1,0 +1,178 @@
+"""Identities and roles: bearer tokens, and who may call what.
+
+- A token is ``tt_`` and 43 URL-safe characters (32 random bytes: 256 bits). It is shown once,
+  when created; the database keeps only its SHA-256 digest. A presented token is digested,
+  its row found by the digest and the two digests compared in constant time; a revoked
+  token is refused.
+- Roles (:class:`~tiletune.client.wire.Role`): ``admin`` may do everything; ``submitter``
+  submits sweeps and cancels its own; ``worker`` registers workers and writes only through
+  the leases of its own workers; ``reader`` reads. Every valid token may read.
+- Reads (lookups, exports, history, sweeps, jobs, misses, metrics) need a token unless
+  ``Settings.open_reads`` (the command line opens them on a loopback address); a token that
+  is presented must be valid all the same.
+- The first admin token of an empty database comes from ``TILETUNE_ADMIN_TOKEN`` (a
+  deployment's secret) or is made and shown once by ``tiletune server`` (:meth:`Tokens.bootstrap`).
+
+Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
+seen at once, in another within ``cache_s``), so a lookup does not query the tokens table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+
+from tiletune.client.wire import Role, TokenCreated, TokenPublic
+from tiletune.service.database import Database, aware
+from tiletune.service.errors import ForbiddenError, NotFoundError, UnauthorizedError
+from tiletune.service.models import TokenRow
+
+TOKEN_PREFIX = "tt_"
+#: Random bytes of a token's secret.
+TOKEN_BYTES = 32
+#: Seconds a verified token is remembered by a replica.
+TOKEN_CACHE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who calls: a token's id, name and role; ``anonymous`` when reads are open and none was sent."""
+
+    token_id: int | None
+    name: str
+    role: Role | None
+
+    @property
+    def anonymous(self) -> bool:
+        """True for a caller without a token."""
+        return self.token_id is None
+
+    def may(self, role: Role) -> bool:
+        """True when this identity holds ``role``: an admin holds every role, every token ``reader``."""
+        if self.role is None:
+            return False
+        return self.role in (Role.ADMIN, role) or role == Role.READER
+
+
+ANONYMOUS = Identity(None, "anonymous", None)
+
+
+def new_secret() -> str:
+    """A fresh token: the prefix and 256 random bits."""
+    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def digest(secret: str) -> str:
+    """The stored form of a token."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def _public(row: TokenRow) -> TokenPublic:
+    return TokenPublic(
+        id=row.id,
+        name=row.name,
+        role=row.role,
+        created_at=aware(row.created_at),
+        revoked_at=aware(row.revoked_at) if row.revoked_at is not None else None,
+    )
+
+
+class Tokens:
+    """Creating, listing, revoking and verifying tokens; see the module docstring."""
+
+    def __init__(
+        self, db: Database, cache_s: float = TOKEN_CACHE_S, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.db = db
+        self.cache_s = cache_s
+        self._clock = clock
+        self._verified: dict[str, tuple[float, Identity]] = {}
+        self._lock = threading.Lock()
+
+    def create(self, role: Role, name: str) -> TokenCreated:
+        """A new token of ``role``; its secret is in the answer only."""
+        secret = new_secret()
+        with self.db.write() as session:
+            row = TokenRow(name=name, role=role, digest=digest(secret), created_at=self.db.clock())
+            session.add(row)
+            session.flush()
+            return TokenCreated(**_public(row).model_dump(), token=secret)
+
+    def replace(self, role: Role, name: str) -> TokenCreated:
+        """A new token of ``role`` named ``name``; the live tokens of that name are revoked."""
+        with self.db.write() as session:
+            for row in session.scalars(
+                select(TokenRow).where(TokenRow.name == name, TokenRow.revoked_at.is_(None))
+            ):
+                row.revoked_at = self.db.clock()
+        with self._lock:
+            self._verified.clear()
+        return self.create(role, name)
+
+    def list(self) -> Sequence[TokenPublic]:
+        """Every token, oldest first, without secrets."""
+        with self.db.read() as session:
+            return [_public(row) for row in session.scalars(select(TokenRow).order_by(TokenRow.id))]
+
+    def revoke(self, token_id: int) -> TokenPublic:
+        """Revoke a token (for good); revoking it again changes nothing."""
+        with self.db.write() as session:
+            row = session.get(TokenRow, token_id)
+            if row is None:
+                raise NotFoundError(f"no token {token_id}", field="token_id")
+            if row.revoked_at is None:
+                row.revoked_at = self.db.clock()
+            public = _public(row)
+        with self._lock:
+            self._verified.clear()
+        return public
+
+    def bootstrap(self, admin_secret: str | None) -> str | None:
+        """Give an empty database its first admin token: ``admin_secret``, else a new one.
+
+        Returns the secret when it was made here (to be shown once), else ``None``; does
+        nothing when the database has tokens already.
+        """
+        with self.db.write() as session:
+            if session.scalar(select(func.count()).select_from(TokenRow)):
+                return None
+            secret = admin_secret or new_secret()
+            row = TokenRow(name="admin", role=Role.ADMIN, digest=digest(secret), created_at=self.db.clock())
+            session.add(row)
+        return None if admin_secret else secret
+
+    def identify(self, secret: str) -> Identity:
+        """The identity of a presented token; :class:`UnauthorizedError` when unknown or revoked."""
+        presented = digest(secret)
+        now = self._clock()
+        found = self._verified.get(presented)
+        if found is not None and found[0] > now:
+            return found[1]
+        with self.db.read() as session:
+            row = session.scalar(select(TokenRow).where(TokenRow.digest == presented))
+        if row is None or not hmac.compare_digest(row.digest, presented) or row.revoked_at is not None:
+            raise UnauthorizedError("unknown or revoked token", field="authorization")
+        identity = Identity(row.id, row.name, Role(row.role))
+        with self._lock:
+            self._verified[presented] = (now + self.cache_s, identity)
+        return identity
+
+
+def require(identity: Identity, role: Role) -> Identity:
+    """``identity`` if it holds ``role``; 401 for no token, 403 for another role."""
+    if identity.anonymous:
+        raise UnauthorizedError(
+            f"this needs a {role.value} token (Authorization: Bearer)", field="authorization"
+        )
+    if not identity.may(role):
+        raise ForbiddenError(
+            f"a {identity.role} token may not do this; it needs {role.value}", field="authorization"
+        )
+    return identity

@@ -1,0 +1,71 @@
+"""The ``token`` command: create, list and revoke the server's tokens (an admin token is needed).
+
+``tiletune token create --role R [--name N]`` prints the new token once (it is not stored, only
+its digest); ``list`` shows every token without secrets; ``revoke ID`` ends one for good.
+Light: the REST client only, so it runs on the base install.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from tiletune.client import calls
+from tiletune.client.wire import Role, TokenCreate, TokenPublic
+from tiletune.service.cli.options import (
+    Commands,
+    add_json_option,
+    add_server_options,
+    emit,
+    note,
+    service_api,
+)
+from tiletune.service.cli.text import format_table
+
+
+def _row(token: TokenPublic) -> list[str]:
+    revoked = token.revoked_at.isoformat(timespec="seconds") if token.revoked_at else "-"
+    return [str(token.id), token.role, token.name, token.created_at.isoformat(timespec="seconds"), revoked]
+
+
+def cmd_token(args: argparse.Namespace) -> None:
+    """Create, list or revoke tokens."""
+    with service_api(args) as api:
+        if args.action == "create":
+            created = api.send(calls.create_token(TokenCreate(role=Role(args.role), name=args.name)))
+            if not args.json:
+                note("token", f"created token {created.id} ({created.role}); it is shown once, here:")
+            emit(args, created.model_dump(mode="json"), created.token)
+        elif args.action == "list":
+            listed = api.send(calls.tokens())
+            header = ["id", "role", "name", "created", "revoked"]
+            emit(
+                args,
+                {"tokens": [token.model_dump(mode="json") for token in listed]},
+                format_table(header, [_row(token) for token in listed]),
+            )
+        else:
+            revoked = api.send(calls.revoke_token(args.id))
+            emit(args, revoked.model_dump(mode="json"), f"revoked token {revoked.id} ({revoked.name})")
+
+
+def add_token_parser(commands: Commands) -> None:
+    """The ``token`` subcommand and its actions."""
+    token = commands.add_parser(
+        "token",
+        help="create, list or revoke the server's tokens (admin)",
+        description="Manage bearer tokens (needs an admin token: --token or $TILETUNE_TOKEN). Roles: "
+        "admin (everything), submitter (sweeps; cancels its own), worker (registers workers, writes "
+        "through its own leases), reader (lookups, exports, history). A created token is printed "
+        "once; the server keeps only its digest.",
+    )
+    actions = token.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = actions.add_parser("create", help="create a token and print it once")
+    create.add_argument("--role", required=True, choices=[role.value for role in Role], help="what it may do")
+    create.add_argument("--name", default="token", help="a name to recognise it by (default: token)")
+    listing = actions.add_parser("list", help="every token (never a secret)")
+    revoke = actions.add_parser("revoke", help="revoke a token for good")
+    revoke.add_argument("id", type=int, help="the token's id (see `tiletune token list`)")
+    for parser in (create, listing, revoke):
+        add_server_options(parser)
+        add_json_option(parser)
+    token.set_defaults(handler=cmd_token)
