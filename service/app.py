@@ -73,7 +73,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
     misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
     tokens = Tokens(db)
-    if settings.admin_token is not None:
+    if settings.admin_token is not None and settings.admin_token.get_secret_value():
         tokens.bootstrap(settings.admin_token.get_secret_value())
     return Services(
         settings,

@@ -535,3 +535,56 @@ def test_up_until_done_needs_a_sweep(cli: Cli) -> None:
     assert status == 2
     assert "until-done: needs --submit FILE" in err
     assert out == ""
+
+
+# -- tokens ---------------------------------------------------------------------------------------
+
+
+def test_token_create_list_and_revoke(server: ServerProcess, cli: Cli) -> None:
+    status, out, err = cli(
+        "token", "create", "--role", "reader", "--name", "ci-reader", "--server", server.url
+    )
+    assert status == 0, err
+    secret = out.strip()
+    assert secret.startswith("tt_")
+    assert len(secret) >= 40
+    assert "shown once" in err
+
+    status, out, _ = cli("token", "list", "--server", server.url, "--json")
+    listed = json.loads(out)["tokens"]
+    made = next(token for token in listed if token["name"] == "ci-reader")
+    assert status == 0
+    assert made["role"] == "reader"
+    assert secret not in out
+
+    refused, _, err = cli("token", "list", "--server", server.url, "--token", secret)
+    assert refused == 2
+    assert "403 forbidden" in err
+
+    status, out, _ = cli("token", "revoke", str(made["id"]), "--server", server.url)
+    assert status == 0
+    assert f"revoked token {made['id']}" in out
+    status, _, err = cli("lookup", "add", "--shape", "n=64", "--dtype", "float32", "--server", server.url,
+                         "--token", secret)  # fmt: skip
+    assert status == 2
+    assert "401 unauthorized" in err
+
+
+def test_a_fresh_server_without_an_admin_token_shows_one_once(tmp_path: Path) -> None:
+    first = start_server(tmp_path, env={"TILETUNE_ADMIN_TOKEN": ""})
+    try:
+        log = first.log()
+        assert "the first admin token (shown once" in log
+        secret = log.split("makes others):", 1)[1].split()[0]
+        listed = httpx.get(f"{first.url}/v1/tokens", headers={"Authorization": f"Bearer {secret}"})
+        assert listed.status_code == 200
+        assert [token["role"] for token in listed.json()] == ["admin"]
+    finally:
+        stop(first.process)
+    again = start_server(
+        tmp_path, db_url=first.db_url, env={"TILETUNE_ADMIN_TOKEN": ""}, log_name="again.log"
+    )
+    try:
+        assert "first admin token" not in again.log()
+    finally:
+        stop(again.process)
