@@ -17,6 +17,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import socket
 import statistics
 import subprocess
@@ -34,6 +35,11 @@ CHIP = {"name": CHIP_NAME, "kind": "cpu", "local_memory_bytes": 1 << 20}
 LEVELS = (1, 16, 64)
 
 
+#: The admin token of the benchmark's server (a fresh one per run) and its request headers.
+BENCH_TOKEN = "tt_" + secrets.token_urlsafe(32)
+AUTH = {"Authorization": f"Bearer {BENCH_TOKEN}"}
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,9 +48,10 @@ def free_port() -> int:
 
 
 def start_server(db_url: str, port: int) -> subprocess.Popen[bytes]:
-    """``tiletune server`` as a child process, once its /healthz answers."""
+    """``tiletune server`` as a child process (admin token :data:`BENCH_TOKEN`), once its /healthz answers."""
     command = [sys.executable, "-m", "tiletune.service.cli", "server", "--db", db_url, "--port", str(port)]
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = {**os.environ, "TILETUNE_ADMIN_TOKEN": BENCH_TOKEN}
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
@@ -59,7 +66,7 @@ def start_server(db_url: str, port: int) -> subprocess.Popen[bytes]:
 def fill(base: str, count: int) -> list[int]:
     """Register the chip and import ``count`` best configs of ``add``; the tuned sizes."""
     worker = {"name": "bench", "chip": CHIP, "backends": ["torch"], "software": {"torch": "bench"}}
-    httpx.post(f"{base}/v1/workers", json=worker, timeout=30).raise_for_status()
+    httpx.post(f"{base}/v1/workers", json=worker, headers=AUTH, timeout=30).raise_for_status()
     sizes = [1024 + 16 * i for i in range(count)]
     now = datetime.now(UTC).isoformat()
     configs = [
@@ -76,7 +83,7 @@ def fill(base: str, count: int) -> list[int]:
         }
         for n in sizes
     ]
-    response = httpx.post(f"{base}/v1/configs/import", json={"configs": configs}, timeout=300)
+    response = httpx.post(f"{base}/v1/configs/import", json={"configs": configs}, headers=AUTH, timeout=300)
     response.raise_for_status()
     return sizes
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.http_lookup import free_port, start_server
+from benchmarks.http_lookup import AUTH, free_port, start_server
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import get_device
 from tiletune.tuner.bench import BenchSettings
@@ -50,10 +50,10 @@ def run_service(base: str, trials: int, seed: int) -> float:
     """Wall seconds from submitting the sweep to its job being done (one in-process worker)."""
     sweep = {"kernel": KERNEL, "shapes": [SHAPE], "trials": trials, "seed": seed, "force": True}
     started = time.perf_counter()
-    response = httpx.post(f"{base}/v1/sweeps", json=sweep, timeout=30)
+    response = httpx.post(f"{base}/v1/sweeps", json=sweep, headers=AUTH, timeout=30)
     response.raise_for_status()
     job_id = response.json()["jobs"][0]["id"]
-    with httpx.Client(base_url=base, timeout=30) as http:
+    with httpx.Client(base_url=base, headers=AUTH, timeout=30) as http:
         worker = Worker(http, backend="cpu", bench=BENCH, name="overhead")
         worker.run(max_jobs=1, once=True)
         state = http.get(f"/v1/jobs/{job_id}").json()["state"]

@@ -21,14 +21,54 @@ Imports pydantic and the standard library only (the client's install is tiny).
 
 from __future__ import annotations
 
+import unicodedata
 from datetime import datetime
 from enum import StrEnum
-from typing import Literal, get_args
+from typing import Annotated, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
 
-Shape = dict[str, int]
-Config = dict[str, int]
+# -- bounded values: every input is bounded (integers to what the databases hold) ------------------
+
+#: The largest integer the databases hold (a signed 64-bit integer).
+MAX_DB_INT = 2**63 - 1
+#: The largest dim or knob value (2^40: far beyond any tensor a chip holds).
+MAX_DIM = 2**40
+#: The most milliseconds a measurement may report (about 11.6 days).
+MAX_MS = 1e9
+
+
+def _clean_text(text: str) -> str:
+    """``text`` unless it holds control or format characters (NUL, bidirectional overrides, ...)."""
+    for char in text:
+        if unicodedata.category(char) in ("Cc", "Cf", "Cs", "Co", "Cn"):
+            raise ValueError(f"must not contain the control or format character U+{ord(char):04X}")
+    return text
+
+
+#: An integer the databases hold, refusing ``true`` and ``"1"`` (JSON numbers only).
+DbInt = Annotated[int, Strict(), Field(ge=0, le=MAX_DB_INT)]
+#: An id: a positive :data:`DbInt`.
+DbId = Annotated[int, Strict(), Field(ge=1, le=MAX_DB_INT)]
+#: A search seed (NumPy's and Optuna's range).
+Seed = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
+#: A time in milliseconds: finite and positive.
+Millis = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]
+#: A name (chip, worker, sweep, software): printable text of 1 to 200 characters.
+Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean_text)]
+#: A free-text reason or message: printable, at most 2,000 characters.
+Reason = Annotated[str, Field(max_length=2000), AfterValidator(_clean_text)]
+#: A dim's or a knob's name.
+Identifier = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+#: A dim's or a knob's value (categorical dims take 0).
+DimValue = Annotated[int, Strict(), Field(ge=0, le=MAX_DIM)]
+
+Shape = Annotated[dict[Identifier, DimValue], Field(max_length=16)]
+Config = Annotated[dict[Identifier, DimValue], Field(max_length=32)]
+#: A package's version in a software fingerprint.
+Version = Annotated[str, Field(max_length=200), AfterValidator(_clean_text)]
+#: A software fingerprint: package -> version (``None``: not installed).
+Software = Annotated[dict[Identifier, Version | None], Field(max_length=32)]
 
 
 class JobState(StrEnum):
@@ -166,11 +206,11 @@ class ErrorBody(_Response):
 class MeasurementWire(_Request):
     """Statistics of repeated timed runs of one config, in milliseconds."""
 
-    median_ms: float = Field(gt=0)
-    p10_ms: float = Field(gt=0)
-    p90_ms: float = Field(gt=0)
-    min_ms: float = Field(gt=0)
-    samples: int = Field(ge=1)
+    median_ms: Millis
+    p10_ms: Millis
+    p90_ms: Millis
+    min_ms: Millis
+    samples: int = Field(ge=1, le=10**9, strict=True)
     pruned: bool = False
 
 
@@ -180,7 +220,7 @@ class MeasurementWire(_Request):
 class SweepKernel(_Request):
     """One kernel of a sweep and the shapes to tune it for."""
 
-    kernel: str = Field(min_length=1, max_length=64)
+    kernel: Identifier
     shapes: list[Shape] = Field(min_length=1, max_length=1000)
 
 
@@ -199,21 +239,25 @@ class SweepCreate(_Request):
     when they are already tuned on the same chip, kernel version and software.
     """
 
-    kernel: str | None = Field(default=None, min_length=1, max_length=64)
+    kernel: Identifier | None = None
     shapes: list[Shape] = Field(default_factory=list, max_length=1000, validate_default=True)
     kernels: list[SweepKernel] = Field(default_factory=list, max_length=64, validate_default=True)
-    dtypes: list[str] = Field(default_factory=lambda: ["float32"], min_length=1, max_length=3)
-    chips: list[str] = Field(default_factory=list, max_length=64)
-    backend: str | None = Field(default=None, description="implementation; default: the kernel's first")
+    dtypes: list[Annotated[str, Field(max_length=16)]] = Field(
+        default_factory=lambda: ["float32"], min_length=1, max_length=3
+    )
+    chips: list[Name] = Field(default_factory=list, max_length=64)
+    backend: Annotated[str, Field(max_length=32)] | None = Field(
+        default=None, description="implementation; default: the kernel's first"
+    )
     strategy: Strategy = "tpe"
-    trials: int = Field(default=40, ge=1, le=10_000)
-    max_time_s: float | None = Field(default=None, gt=0)
-    patience: int | None = Field(default=None, ge=1)
-    seed: int = 0
-    workers_per_job: int = Field(default=1, ge=1, le=64)
-    validate_top: int = Field(default=3, ge=1, le=16)
+    trials: int = Field(default=40, ge=1, le=10_000, strict=True)
+    max_time_s: float | None = Field(default=None, gt=0, le=7 * 24 * 3600, allow_inf_nan=False)
+    patience: int | None = Field(default=None, ge=1, le=10_000, strict=True)
+    seed: Seed = 0
+    workers_per_job: int = Field(default=1, ge=1, le=64, strict=True)
+    validate_top: int = Field(default=3, ge=1, le=16, strict=True)
     force: bool = False
-    name: str | None = Field(default=None, max_length=200)
+    name: Name | None = None
 
     @field_validator("shapes")
     @classmethod
@@ -292,11 +336,11 @@ class SweepPublic(_Response):
 class ChipWire(_Request):
     """A chip as a worker reports it: identity and the limits constraints use."""
 
-    name: str = Field(min_length=1, max_length=200)
-    kind: str = Field(min_length=1, max_length=16)
-    local_memory_bytes: int = Field(gt=0)
-    max_buffer_num: int = Field(default=4, ge=1)
-    alignment_bytes: int = Field(default=32, ge=1)
+    name: Name
+    kind: Annotated[str, Field(min_length=1, max_length=16, pattern=r"^[a-z]+$")]
+    local_memory_bytes: int = Field(gt=0, le=MAX_DIM, strict=True)
+    max_buffer_num: int = Field(default=4, ge=1, le=64, strict=True)
+    alignment_bytes: int = Field(default=32, ge=1, le=4096, strict=True)
 
 
 class WorkerCreate(_Request):
@@ -306,12 +350,14 @@ class WorkerCreate(_Request):
     (name -> version) also passes by jobs of another version of a kernel.
     """
 
-    name: str = Field(min_length=1, max_length=200)
+    name: Name
     chip: ChipWire
-    backends: list[str] = Field(min_length=1)
-    kernels: list[str] = Field(default_factory=list)
-    kernel_versions: dict[str, int] = Field(default_factory=dict)
-    software: dict[str, str | None] = Field(default_factory=dict)
+    backends: list[Identifier] = Field(min_length=1, max_length=16)
+    kernels: list[Identifier] = Field(default_factory=list, max_length=256)
+    kernel_versions: dict[Identifier, Annotated[int, Strict(), Field(ge=1, le=2**31)]] = Field(
+        default_factory=dict, max_length=256
+    )
+    software: Software = Field(default_factory=dict)
 
 
 class WorkerPublic(_Response):
@@ -328,7 +374,7 @@ class WorkerPublic(_Response):
 class LeaseCreate(_Request):
     """A worker asking for a job its chip can run."""
 
-    worker_id: int
+    worker_id: DbId
 
 
 class LeasedJob(_Response):
@@ -381,10 +427,10 @@ class TrialOutcome(_Request):
     it; ``error``: it ran and crashed or returned a wrong result.
     """
 
-    trial_id: int
+    trial_id: DbInt
     measurement: MeasurementWire | None = None
-    invalid: str | None = None
-    error: str | None = None
+    invalid: Reason | None = None
+    error: Reason | None = None
 
 
 class TellCreate(_Request):
@@ -405,7 +451,7 @@ class ValidatedConfig(_Request):
 
     config: Config
     measurement: MeasurementWire | None = None
-    error: str | None = None
+    error: Reason | None = None
 
 
 class CompleteCreate(_Request):
@@ -417,7 +463,7 @@ class CompleteCreate(_Request):
 class ReleaseCreate(_Request):
     """A worker giving a lease back (shutting down, or unable to run the job) and why."""
 
-    reason: str = Field(default="released", max_length=2000)
+    reason: Reason = "released"
     failed: bool = False
 
 
@@ -521,12 +567,12 @@ class TrialPublic(_Response):
 class MissReport(_Request):
     """A key a client answered with ``nearest`` or ``default``, and how often since its last report."""
 
-    kernel: str = Field(min_length=1, max_length=64)
+    kernel: Identifier
     shape: Shape
-    dtype: str
-    chip: str = Field(min_length=1, max_length=200)
+    dtype: Annotated[str, Field(max_length=16)]
+    chip: Name
     match: Literal["nearest", "default"]
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=1, le=1_000_000, strict=True)
 
 
 class MissesCreate(_Request):

@@ -364,5 +364,10 @@ class FusedAttentionSpec(KernelSpec):
         b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
         return float(b * h * (2 * sq + 2 * skv) * d * element_size(dtype))
 
+    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
+        """Q, K, V and O, their float32 copies, and the reference's float32 score matrices (two)."""
+        b, h, sq, skv = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv"))
+        return super().allocated_bytes(shape, dtype) + 2.0 * b * h * sq * skv * 4
+
 
 SPEC = FusedAttentionSpec()

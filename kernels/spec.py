@@ -399,3 +399,11 @@ class KernelSpec(ABC):
     @abstractmethod
     def bytes_moved(self, shape: Shape, dtype: str) -> float:
         """Bytes one call must read and write at least (for GB/s)."""
+
+    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
+        """Bytes a bench of ``shape`` holds at once: inputs, the output and the reference's result
+        (and its workspace where it needs one); the server bounds shapes by it.
+
+        The default is the inputs and output twice over in float32 (the reference computes in it).
+        """
+        return 2.0 * self.bytes_moved(shape, dtype) * max(1, 4 // element_size(dtype))

@@ -67,10 +67,19 @@ def export_configs(chip: str, db: DatabaseDep, _reader: ReaderDep, kernel: str |
 
 
 @router.post("/v1/configs/import")
-def import_configs(bundle: ConfigBundle, db: DatabaseDep, _admin: AdminDep) -> dict[str, int]:
-    """Store an exported bundle; an entry replaces a key's best only if the key has none or it is faster."""
+def import_configs(
+    bundle: ConfigBundle,
+    db: DatabaseDep,
+    _admin: AdminDep,
+    force: Annotated[bool, Query(description="also replace bests measured on this server")] = False,
+) -> dict[str, int]:
+    """Store an exported bundle (admins): every entry is checked against its kernel and chip first.
+
+    An entry replaces a key's best only if the key has none or it is faster, and a best measured
+    on this server only with ``force``.
+    """
     with db.write() as session:
-        changed = configs.import_configs(session, bundle.configs, db.clock())
+        changed = configs.import_configs(session, bundle.configs, db.clock(), force)
     return {"changed": changed}
 
 

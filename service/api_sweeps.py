@@ -10,16 +10,31 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from tiletune.client.wire import JOB_STATES, JobPublic, JobState, SweepCreate, SweepPublic, TrialPublic
+from tiletune.client.wire import (
+    JOB_STATES,
+    MAX_DB_INT,
+    JobPublic,
+    JobState,
+    SweepCreate,
+    SweepPublic,
+    TrialPublic,
+)
 from tiletune.service import jobs
-from tiletune.service.dependencies import DatabaseDep, ProtocolDep, ReaderDep, SettingsDep, SubmitterDep
+from tiletune.service.dependencies import (
+    DatabaseDep,
+    IdPath,
+    ProtocolDep,
+    ReaderDep,
+    SettingsDep,
+    SubmitterDep,
+)
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.views import job_public, sweep_public, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
-Offset = Annotated[int, Query(ge=0)]
+Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
 
 
 @router.post("/sweeps", status_code=201)
@@ -27,7 +42,7 @@ def submit_sweep(
     sweep: SweepCreate, db: DatabaseDep, settings: SettingsDep, caller: SubmitterDep
 ) -> SweepPublic:
     """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned are ``skipped``."""
-    planned = jobs.plan_sweep(sweep, max_jobs=settings.max_jobs_per_sweep)
+    planned = jobs.plan_sweep(sweep, settings.max_jobs_per_sweep, settings.max_shape_bytes)
     with db.write() as session:
         return jobs.create_sweep(session, sweep, planned, db.clock(), caller.token_id)
 
@@ -42,14 +57,16 @@ def list_sweeps(
 
 
 @router.get("/sweeps/{sweep_id}")
-def show_sweep(sweep_id: int, db: DatabaseDep, _reader: ReaderDep) -> SweepPublic:
+def show_sweep(sweep_id: IdPath, db: DatabaseDep, _reader: ReaderDep) -> SweepPublic:
     """One sweep with its jobs."""
     with db.read() as session:
         return sweep_public(session, jobs.sweep_row(session, sweep_id))
 
 
 @router.post("/sweeps/{sweep_id}/cancel")
-def cancel_sweep(sweep_id: int, db: DatabaseDep, protocol: ProtocolDep, caller: SubmitterDep) -> SweepPublic:
+def cancel_sweep(
+    sweep_id: IdPath, db: DatabaseDep, protocol: ProtocolDep, caller: SubmitterDep
+) -> SweepPublic:
     """Cancel every unfinished job of the sweep."""
     protocol.cancel_sweep(sweep_id, caller)
     with db.read() as session:
@@ -69,20 +86,20 @@ def list_jobs(
 
 
 @router.get("/jobs/{job_id}")
-def show_job(job_id: int, db: DatabaseDep, _reader: ReaderDep) -> JobPublic:
+def show_job(job_id: IdPath, db: DatabaseDep, _reader: ReaderDep) -> JobPublic:
     """One job with its progress (trials, best so far, speedup over the default)."""
     with db.read() as session:
         return job_public(session, jobs.job_row(session, job_id))
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel_job(job_id: int, protocol: ProtocolDep, caller: SubmitterDep) -> JobPublic:
+def cancel_job(job_id: IdPath, protocol: ProtocolDep, caller: SubmitterDep) -> JobPublic:
     """Cancel a job; workers holding it are told ``done`` at their next ask."""
     return protocol.cancel_job(job_id, caller)
 
 
 @router.get("/jobs/{job_id}/trials")
-def job_trials(job_id: int, db: DatabaseDep, _reader: ReaderDep) -> list[TrialPublic]:
+def job_trials(job_id: IdPath, db: DatabaseDep, _reader: ReaderDep) -> list[TrialPublic]:
     """Every trial of the job with its outcome."""
     with db.read() as session:
         return [trial_public(row) for row in jobs.trial_rows(session, job_id)]

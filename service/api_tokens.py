@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from tiletune.client.wire import TokenCreate, TokenCreated, TokenPublic
-from tiletune.service.dependencies import AdminDep, TokensDep
+from tiletune.service.dependencies import AdminDep, IdPath, TokensDep
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
 
@@ -23,6 +23,6 @@ def list_tokens(tokens: TokensDep, _admin: AdminDep) -> list[TokenPublic]:
 
 
 @router.post("/tokens/{token_id}/revoke")
-def revoke_token(token_id: int, tokens: TokensDep, _admin: AdminDep) -> TokenPublic:
+def revoke_token(token_id: IdPath, tokens: TokensDep, _admin: AdminDep) -> TokenPublic:
     """Revoke a token for good (seen by other replicas within seconds)."""
     return tokens.revoke(token_id)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
@@ -120,6 +121,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         app.include_router(router)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     return app
 
@@ -149,6 +151,17 @@ async def _validation_error(_request: Request, error: Exception) -> Response:
     message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
     body = ErrorBody(code="invalid", message=message, field=field)
     return JSONResponse(body.model_dump(), status_code=422)
+
+
+#: Codes of the errors the framework raises itself (an unknown route, a method it has not).
+HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
+
+
+async def _http_error(_request: Request, error: Exception) -> Response:
+    assert isinstance(error, StarletteHTTPException)
+    code = HTTP_CODES.get(error.status_code, "http_error")
+    body = ErrorBody(code=code, message=str(error.detail))
+    return JSONResponse(body.model_dump(), status_code=error.status_code, headers=error.headers)
 
 
 def field_path(location: Sequence[int | str]) -> str | None:

@@ -4,8 +4,13 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
 
 - :func:`promote` replaces a key's best config, appends to its history, and marks the
   transaction as one that changes best configs (the generation moves after its commit);
-- :func:`import_configs` stores a bundle: an entry replaces a key's best only when the key
-  has none or the entry is faster, recorded in the history like a promotion (no job);
+- :func:`import_configs` stores a bundle after checking every entry (:func:`checked_entry`:
+  the kernel exists at that version, the shape is complete and its key is the server's, the
+  dtype is known, the config lies in the kernel's space and is valid on the chip's limits,
+  the times are finite and positive): one bad entry refuses the bundle and nothing changes.
+  An entry replaces a key's best only when the key has none or the entry is faster, and a
+  best measured on this server (by a job) only with ``force``; it is recorded in the
+  history like a promotion (no job);
 - :func:`best_configs` is a chip's bulk export in one query; :func:`exact_public` one key.
 """
 
@@ -13,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -22,12 +28,14 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
-from tiletune.client.wire import BestConfigPublic, HistoryPoint
+from tiletune.client.wire import MAX_MS, BestConfigPublic, HistoryPoint
 from tiletune.kernels import KernelSpec
+from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.fleet import chip_by_name, newest_software_id, software_row
+from tiletune.service.fleet import chip_by_name, chip_limits, newest_software_id, software_row
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow
+from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import best_public, history_point
 
 
@@ -118,29 +126,58 @@ def promote(session: Session, key: JobKey, winner: Winner, now: datetime) -> Bes
     return best
 
 
-def import_configs(session: Session, configs: Sequence[BestConfigPublic], now: datetime) -> int:
-    """Store exported best configs (their chips must be known); how many changed a key's best."""
-    changed = 0
-    for index, entry in enumerate(configs):
-        chip = chip_by_name(session, entry.chip)
-        if chip is None:
+def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tuple[JobKey, Winner, ChipRow]:
+    """The key and winner of an imported entry; :class:`InvalidInputError` naming ``configs[i].FIELD``."""
+    where = f"configs[{index}]"
+    chip = chip_by_name(session, entry.chip)
+    if chip is None:
+        raise InvalidInputError(f"unknown chip {entry.chip!r}: register a worker first", f"{where}.chip")
+    spec = lookup_kernel(entry.kernel, f"{where}.kernel")
+    if entry.kernel_version != spec.version:
+        raise InvalidInputError(
+            f"{spec.name} is version {spec.version} here, not {entry.kernel_version}",
+            f"{where}.kernel_version",
+        )
+    shape = parse_shape(spec, entry.shape, f"{where}.shape")
+    dtype = check_dtype(entry.dtype, f"{where}.dtype")
+    try:
+        config = spec.parse_config(entry.config, shape)
+    except InputError as error:
+        raise InvalidInputError(error.reason, error.field.replace("config", f"{where}.config", 1)) from error
+    invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
+    if invalid is not None:
+        raise InvalidInputError(f"the config is invalid on {chip.name}: {invalid}", f"{where}.config")
+    for name in ("median_ms", "default_ms"):
+        value = getattr(entry, name)
+        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_MS):
             raise InvalidInputError(
-                f"unknown chip {entry.chip!r}: register a worker first", f"configs[{index}].chip"
+                f"must be a finite positive time of at most {MAX_MS:g} ms", f"{where}.{name}"
             )
-        key = JobKey(entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype, chip.id)
+    default = None
+    if entry.default_config is not None:
+        try:
+            default = spec.parse_config(entry.default_config, shape)
+        except InputError as error:
+            raise InvalidInputError(error.reason, f"{where}.default_config") from error
+    key = JobKey(spec.name, spec.version, spec.canonical_shape(shape), dtype, chip.id)
+    winner = Winner(shape, config, entry.median_ms, default, entry.default_ms)
+    return key, winner, chip
+
+
+def import_configs(
+    session: Session, configs: Sequence[BestConfigPublic], now: datetime, force: bool = False
+) -> int:
+    """Store checked exported best configs (see the module docstring); how many changed a key's best."""
+    checked = [(entry, *checked_entry(session, entry, index)) for index, entry in enumerate(configs)]
+    changed = 0
+    for entry, key, winner, chip in checked:
         best = best_row(session, key)
-        if best is not None and best.median_ms <= entry.median_ms:
+        if best is not None and (
+            best.median_ms <= winner.median_ms or (best.job_id is not None and not force)
+        ):
             continue
         software = software_row(session, chip.id, entry.software, now)
-        winner = Winner(
-            shape=entry.shape,
-            config=entry.config,
-            median_ms=entry.median_ms,
-            default_config=entry.default_config,
-            default_ms=entry.default_ms,
-            software_id=software.id,
-        )
-        promote(session, key, winner, now)
+        promote(session, key, dataclasses.replace(winner, software_id=software.id), now)
         changed += 1
     return changed
 

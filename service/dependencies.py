@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from tiletune.client.wire import Role
+from tiletune.client.wire import MAX_DB_INT, Role
 from tiletune.service.auth import ANONYMOUS, Identity, Tokens, require
 from tiletune.service.database import Database
 from tiletune.service.lookup import LookupCache
@@ -100,3 +100,5 @@ TokenHolderDep = Annotated[Identity, Depends(_token_holder)]
 SubmitterDep = Annotated[Identity, Depends(_submitter)]
 WorkerDep = Annotated[Identity, Depends(_worker)]
 AdminDep = Annotated[Identity, Depends(_admin)]
+#: An id in a path: a positive integer the databases hold.
+IdPath = Annotated[int, Path(ge=1, le=MAX_DB_INT)]

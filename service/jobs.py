@@ -30,6 +30,9 @@ from tiletune.service.models import JobRow, SweepRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import sweep_public
 
+#: The most bytes a planned bench may hold, unless the settings say otherwise.
+DEFAULT_MAX_SHAPE_BYTES = 8 * 2**30
+
 
 @dataclass(frozen=True)
 class PlannedJob:
@@ -41,11 +44,20 @@ class PlannedJob:
     chip_target: str
 
 
-def plan_sweep(request: SweepCreate, max_jobs: int) -> list[PlannedJob]:
-    """Every job of a valid sweep; :class:`InvalidInputError` naming the field otherwise."""
-    parts = _parse_parts(request)
+def plan_sweep(
+    request: SweepCreate, max_jobs: int, max_shape_bytes: int = DEFAULT_MAX_SHAPE_BYTES
+) -> list[PlannedJob]:
+    """Every job of a valid sweep; :class:`InvalidInputError` naming the field otherwise.
+
+    The job count is known before any job is built; a shape whose bench would hold more than
+    ``max_shape_bytes`` (:meth:`KernelSpec.allocated_bytes`, in any of the sweep's dtypes)
+    is refused, naming the shape and the limit.
+    """
     for index, dtype in enumerate(request.dtypes):
         check_dtype(dtype, f"dtypes[{index}]")
+    dtypes = list(dict.fromkeys(request.dtypes))
+    chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
+    parts = _parse_parts(request, dtypes, max_shape_bytes)
     for spec, _ in parts:
         if request.backend is not None and request.backend not in spec.backends():
             raise InvalidInputError(
@@ -53,25 +65,33 @@ def plan_sweep(request: SweepCreate, max_jobs: int) -> list[PlannedJob]:
                 f"choose one of {list(spec.backends())}",
                 field="backend",
             )
-    chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
-    dtypes = list(dict.fromkeys(request.dtypes))
-    planned = [
+    count = sum(len(shapes) for _, shapes in parts) * len(dtypes) * len(chips)
+    if count > max_jobs:
+        raise InvalidInputError(f"the sweep makes {count} jobs; at most {max_jobs} are allowed", "shapes")
+    return [
         PlannedJob(spec, s, d, c) for spec, shapes in parts for s in shapes for d in dtypes for c in chips
     ]
-    if len(planned) > max_jobs:
-        raise InvalidInputError(
-            f"the sweep makes {len(planned)} jobs; at most {max_jobs} are allowed", "shapes"
-        )
-    return planned
 
 
-def _parse_parts(request: SweepCreate) -> list[tuple[KernelSpec, list[Shape]]]:
+def _parse_parts(
+    request: SweepCreate, dtypes: Sequence[str], max_shape_bytes: int
+) -> list[tuple[KernelSpec, list[Shape]]]:
     """Each kernel of the sweep with its parsed, de-duplicated shapes; errors name the field."""
     parts = []
     for position, part in enumerate(request.parts()):
         where = "" if request.kernel and position == 0 else f"kernels[{position - bool(request.kernel)}]."
         spec = lookup_kernel(part.kernel, field=f"{where}kernel")
-        shapes = [parse_shape(spec, shape, f"{where}shapes[{i}]") for i, shape in enumerate(part.shapes)]
+        shapes = []
+        for index, raw in enumerate(part.shapes):
+            shape = parse_shape(spec, raw, f"{where}shapes[{index}]")
+            held = max(spec.allocated_bytes(shape, dtype) for dtype in dtypes)
+            if held > max_shape_bytes:
+                raise InvalidInputError(
+                    f"a bench of this shape would hold {held / 2**30:.1f} GiB (inputs, output, reference);"
+                    f" at most {max_shape_bytes / 2**30:.1f} GiB are allowed (TILETUNE_MAX_SHAPE_BYTES)",
+                    f"{where}shapes[{index}]",
+                )
+            shapes.append(shape)
         parts.append((spec, list({spec.canonical_shape(s): s for s in shapes}.values())))
     return parts
 

@@ -22,7 +22,10 @@ class Settings(BaseSettings):
       how often workers are told to renew it;
     - ``max_lease_failures``: expired or failed leases after which a job is ``failed``;
     - ``reap_interval_s``: how often expired leases are returned to the queue;
-    - ``max_body_bytes``: requests with larger bodies are refused (413);
+    - ``max_body_bytes``: requests with larger bodies are refused (413), counted as received;
+    - ``max_jobs_per_sweep``: larger sweeps are refused (counted before any job is built);
+    - ``max_shape_bytes``: a shape whose bench would hold more bytes (inputs, output,
+      reference) is refused;
     - ``lookup_cache_s``: how long a replica reuses a single-key lookup's answer
       (a promotion in the same replica is seen at once; 0 turns the cache off);
     - ``miss_queue_threshold``: reports of one missed key after which the server
@@ -46,6 +49,7 @@ class Settings(BaseSettings):
     reap_interval_s: float = Field(default=5.0, gt=0)
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)
     max_jobs_per_sweep: int = Field(default=10_000, ge=1)
+    max_shape_bytes: int = Field(default=8 * 2**30, ge=1)
     lookup_cache_s: float = Field(default=2.0, ge=0)
     miss_queue_threshold: int = Field(default=3, ge=0)
     miss_trials: int = Field(default=40, ge=1, le=10_000)

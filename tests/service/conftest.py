@@ -14,12 +14,14 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, select, text
 from sqlalchemy.engine import make_url
 
 from tiletune.service.database import normalize_url
+from tiletune.service.models import Base
 
 POSTGRES_ADMIN_URL = os.environ.get("TILETUNE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
@@ -71,3 +73,16 @@ class postgres_database:  # noqa: N801 (used as a context manager, like a functi
         with self._admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
         self._admin.dispose()
+
+
+def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table of ours."""
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as connection:
+            return {
+                table.name: sorted(map(tuple, connection.execute(select(table))), key=repr)
+                for table in Base.metadata.sorted_tables
+            }
+    finally:
+        engine.dispose()

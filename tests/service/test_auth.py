@@ -12,14 +12,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, select
 
 from tests.credentials import ADMIN, ADMIN_SECRET
+from tests.service.conftest import snapshot
 from tiletune.client.wire import Role
 from tiletune.service.app import create_app
-from tiletune.service.database import normalize_url
 from tiletune.service.migrate import upgrade
-from tiletune.service.models import Base
 from tiletune.service.settings import Settings
 
 CHIP = {"name": "cpu/Auth Test Chip/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
@@ -98,19 +96,6 @@ def world(database_url: str) -> Iterator[World]:
         yield World(
             client, database_url, tokens, sweep["id"], sweep["jobs"][0]["id"], lease["token"], worker_id
         )
-
-
-def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table of ours."""
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.connect() as connection:
-            return {
-                table.name: sorted(map(tuple, connection.execute(select(table))), key=repr)
-                for table in Base.metadata.sorted_tables
-            }
-    finally:
-        engine.dispose()
 
 
 def request_of(world: World, method: str, path: str) -> tuple[str, dict[str, Any]]:
