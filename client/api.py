@@ -34,6 +34,7 @@ from tiletune.client.calls import (
     ServerRefusedError,
     ServerUnreachableError,
     checked,
+    redacted,
 )
 from tiletune.client.wire import (
     AskPublic,
@@ -184,13 +185,14 @@ class ServiceApi:
                 if limit is not None and failures >= limit:
                     raise
                 delay_s = self.retry.backoff.delay_s(failures - 1)
-                log.warning("server away: %s: %s; retry %d in %.1f s", call.path, fault, failures, delay_s)
+                where = redacted(call.path)
+                log.warning("server away: %s: %s; retry %d in %.1f s", where, fault, failures, delay_s)
                 self.retry.wait(delay_s)
                 if limit is None and self.retry.stopping.is_set():
-                    raise StopRequestedError(call.path) from None
+                    raise StopRequestedError(redacted(call.path)) from None
                 continue
             if failures:
-                log.info("server answers again (%s, after %d failed attempts)", call.path, failures)
+                log.info("server answers again (%s, after %d failed attempts)", redacted(call.path), failures)
             return answer
 
     def _once(self, call: Call[R]) -> R:

@@ -20,6 +20,7 @@ Imports httpx, pydantic and the wire schemas only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -56,6 +57,15 @@ R = TypeVar("R")
 Document = TypeVar("Document", bound=BaseModel)
 
 LEASE_LOST_CODE = "lease_lost"
+#: A lease token in a path of the worker protocol (``/v1/leases/{token}/...``).
+_LEASE_PATH = re.compile(r"(/v1/leases/)[^/?#\s]+")
+
+
+def redacted(text: str) -> str:
+    """``text`` with every lease token in a worker-protocol path replaced by ``***`` (for logs)."""
+    return _LEASE_PATH.sub(r"\1***", text)
+
+
 #: The longest reason a release carries (the server's limit).
 MAX_RELEASE_REASON = 2000
 
@@ -77,7 +87,7 @@ class ServerRefusedError(ApiError):
             detail = f"{error.code}: {error.message}{field} ({status} {error.code})"
         else:
             detail = f"HTTP {status}: {text[:300]}"
-        super().__init__(f"the server refused {path}: {detail}")
+        super().__init__(f"the server refused {redacted(path)}: {detail}")
         self.path = path
         self.status = status
         self.code = error.code if error is not None else None
@@ -152,9 +162,10 @@ def document(model: type[Document]) -> Callable[[httpx.Response], Document]:
         try:
             return model.model_validate_json(response.content)
         except ValueError:
+            where = redacted(str(response.request.url))
+            what = f"a tiletune {model.__name__}"
             raise UnexpectedAnswerError(
-                f"{response.request.url} answered something that is not a tiletune {model.__name__}"
-                " (is it a tiletune server?)"
+                f"{where} answered something that is not {what} (a tiletune server?)"
             ) from None
 
     return decode

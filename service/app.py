@@ -14,6 +14,7 @@ first (:func:`tiletune.service.migrate.upgrade`).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -23,17 +24,18 @@ from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
-from tiletune.service.errors import ServiceError, UnauthorizedError
+from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
+from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.settings import Settings
 from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
 
@@ -55,6 +57,7 @@ class Services:
     lookup_cache: LookupCache
     misses: Misses
     tokens: Tokens
+    miss_limit: RateLimiter
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -84,6 +87,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         LookupCache(settings.lookup_cache_s),
         misses,
         tokens,
+        RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
     )
 
 
@@ -141,6 +145,8 @@ async def _service_error(_request: Request, error: Exception) -> Response:
     assert isinstance(error, ServiceError)
     body = ErrorBody(code=error.code, message=error.message, field=error.field)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, UnauthorizedError) else None
+    if isinstance(error, RateLimitedError):
+        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
 
 
@@ -176,10 +182,12 @@ def field_path(location: Sequence[int | str]) -> str | None:
 
 
 class BodyLimit:
-    """Pure ASGI middleware: a request whose Content-Length is over ``max_bytes`` gets 413 ``too_large``.
+    """Pure ASGI middleware: a request body over ``max_bytes`` gets 413 ``too_large``, counted as received.
 
-    (A pure ASGI class rather than ``@app.middleware("http")``, whose per-request
-    cost is a large part of a config lookup's.)
+    A declared ``Content-Length`` over the limit is refused at once; any other body (chunked
+    too) is read up to the limit before the app sees it, then handed on whole. Requests
+    without a body (the lookups) pass straight through. (A pure ASGI class rather than
+    ``@app.middleware("http")``, whose per-request cost is a large part of a lookup's.)
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -187,10 +195,44 @@ class BodyLimit:
         self.max_bytes = max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http":
-            length = dict(scope["headers"]).get(b"content-length", b"")
-            if length.isdigit() and int(length) > self.max_bytes:
-                body = ErrorBody(code="too_large", message=f"request body over {self.max_bytes} bytes")
-                await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send)
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        if not length.strip(b"0") and b"chunked" not in headers.get(b"transfer-encoding", b"").lower():
+            await self.app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        received = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                await self.app(scope, receive, send)
                 return
-        await self.app(scope, receive, send)
+            chunk = message.get("body", b"")
+            received += len(chunk)
+            if received > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return whole
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        body = ErrorBody(code="too_large", message=f"request body over {self.max_bytes} bytes")
+        await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send)

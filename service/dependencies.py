@@ -18,6 +18,7 @@ from tiletune.service.database import Database
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
+from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="a tiletune token (`tiletune token create`)")
@@ -51,6 +52,11 @@ async def _settings(request: Request) -> Settings:
 async def _tokens(request: Request) -> Tokens:
     tokens: Tokens = request.app.state.services.tokens
     return tokens
+
+
+async def _miss_limit(request: Request) -> RateLimiter:
+    limit: RateLimiter = request.app.state.services.miss_limit
+    return limit
 
 
 async def _caller(
@@ -93,6 +99,7 @@ ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 TokensDep = Annotated[Tokens, Depends(_tokens)]
+MissLimitDep = Annotated[RateLimiter, Depends(_miss_limit)]
 #: Anyone when reads are open, else any valid token.
 ReaderDep = Annotated[Identity, Depends(_reader)]
 #: Any valid token, even when reads are open (writes such as miss reports).

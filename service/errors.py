@@ -61,3 +61,14 @@ class ForbiddenError(ServiceError):
 
     status = 403
     code = "forbidden"
+
+
+class RateLimitedError(ServiceError):
+    """The caller sent more than its share; ``retry_after_s`` says when to try again (429)."""
+
+    status = 429
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after_s: float, field: str | None = None) -> None:
+        super().__init__(message, field)
+        self.retry_after_s = retry_after_s

@@ -30,7 +30,8 @@ class Settings(BaseSettings):
       (a promotion in the same replica is seen at once; 0 turns the cache off);
     - ``miss_queue_threshold``: reports of one missed key after which the server
       queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
-      the trials of such a job (see ``tiletune.service.misses``);
+      the trials of such a job (see ``tiletune.service.misses``); ``miss_reports_per_s`` and
+      ``miss_report_burst``: the miss reports each token may send (429 beyond; 0: no limit);
     - ``admin_token``: the first admin token of an empty database (a deployment's secret;
       without it ``tiletune server`` makes one and shows it once);
     - ``open_reads``: reads need no token (``None``: ``tiletune server`` opens them on a
@@ -53,6 +54,8 @@ class Settings(BaseSettings):
     lookup_cache_s: float = Field(default=2.0, ge=0)
     miss_queue_threshold: int = Field(default=3, ge=0)
     miss_trials: int = Field(default=40, ge=1, le=10_000)
+    miss_reports_per_s: float = Field(default=1.0, ge=0)
+    miss_report_burst: int = Field(default=30, ge=1)
     admin_token: SecretStr | None = None
     open_reads: bool | None = None
     workers_create_chips: bool = True

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tiletune.client.api import ServiceApi
+from tiletune.client.calls import redacted
 from tiletune.client.wire import ANY_CHIP, DEVICE_KINDS, MAX_ASK, Role, SweepCreate
 from tiletune.service.cli.follow import SweepFollower
 from tiletune.service.cli.options import (
@@ -145,10 +146,22 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
+class _NoLeaseTokens(logging.Filter):
+    """Rewrites a log record's text so that no lease token of a request path shows (access log)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(redacted(arg) if isinstance(arg, str) else arg for arg in record.args)
+        record.msg = redacted(str(record.msg))
+        return True
+
+
 def _log_to_stderr() -> None:
-    """Log lines of ours (and uvicorn's) at INFO on stderr; httpx's one line per request is noise."""
+    """Log lines of ours (and uvicorn's) at INFO on stderr, never a lease token; httpx's are noise."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    for name in ("uvicorn.access", "uvicorn.error"):
+        logging.getLogger(name).addFilter(_NoLeaseTokens())
 
 
 def _is_loopback(host: str) -> bool:

@@ -221,3 +221,50 @@ def test_repeated_shapes_make_one_job(client: tuple[TestClient, str]) -> None:
     sweep = app.post("/v1/sweeps", json={"kernel": "add", "shapes": [{"n": 64}, {"n": 64}, {"n": 64}]})
     assert sweep.status_code == 201
     assert len(sweep.json()["jobs"]) == 1
+
+
+def test_the_body_limit_counts_the_bytes_received_chunked_or_not(database_url: str) -> None:
+    upgrade(database_url)
+    settings = Settings(db_url=database_url, admin_token=ADMIN_SECRET, max_body_bytes=2000)
+    shapes = [{"n": 1024 + i} for i in range(200)]
+    body = json.dumps({"kernel": "add", "shapes": shapes}).encode()
+
+    def chunked() -> Iterator[bytes]:
+        for start in range(0, len(body), 500):
+            yield body[start : start + 500]
+
+    with TestClient(create_app(settings, reaper=False), headers=ADMIN) as app:
+        before = snapshot(database_url)
+        response = app.post("/v1/sweeps", content=chunked(), headers=JSON)
+        assert "content-length" not in response.request.headers
+        assert response.status_code == 413
+        assert response.json()["code"] == "too_large"
+        assert snapshot(database_url) == before
+        small = app.post(
+            "/v1/sweeps", content=iter([b'{"kernel": "add", ', b'"shapes": [{"n": 64}]}']), headers=JSON
+        )
+        assert small.status_code == 201, small.text
+
+
+def test_miss_reports_are_rate_limited_per_token(database_url: str) -> None:
+    upgrade(database_url)
+    settings = Settings(
+        db_url=database_url, admin_token=ADMIN_SECRET, miss_reports_per_s=0.001, miss_report_burst=2
+    )
+    miss = {"kernel": "add", "shape": {"n": 64}, "dtype": "float32", "chip": CHIP["name"], "match": "default"}
+    with TestClient(create_app(settings, reaper=False), headers=ADMIN) as app:
+        assert [app.post("/v1/misses", json={"misses": [miss]}).status_code for _ in range(2)] == [200, 200]
+        before = snapshot(database_url)
+        refused = app.post("/v1/misses", json={"misses": [miss]})
+        assert refused.status_code == 429
+        assert refused.json()["code"] == "rate_limited"
+        assert int(refused.headers["retry-after"]) >= 1
+        assert snapshot(database_url) == before
+
+
+def test_no_lease_token_reaches_a_log_line() -> None:
+    from tiletune.client.calls import ServerRefusedError, redacted
+
+    path = "/v1/leases/Zx9-secret_token/ask?n=2"
+    assert redacted(f"POST {path} 200") == "POST /v1/leases/***/ask?n=2 200"
+    assert "secret" not in str(ServerRefusedError(path, 409, None, "gone"))
