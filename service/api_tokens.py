@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 from tiletune.client.wire import TokenCreate, TokenCreated, TokenPublic
 from tiletune.service.dependencies import AdminDep, IdPath, TokensDep
+from tiletune.service.errors import ConflictError
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
 
@@ -23,6 +24,8 @@ def list_tokens(tokens: TokensDep, _admin: AdminDep) -> list[TokenPublic]:
 
 
 @router.post("/tokens/{token_id}/revoke")
-def revoke_token(token_id: IdPath, tokens: TokensDep, _admin: AdminDep) -> TokenPublic:
-    """Revoke a token for good (seen by other replicas within seconds)."""
+def revoke_token(token_id: IdPath, tokens: TokensDep, admin: AdminDep) -> TokenPublic:
+    """Revoke a token for good (seen by other replicas within seconds); never the caller's own (409)."""
+    if token_id == admin.token_id:
+        raise ConflictError("a token cannot revoke itself; revoke it with another admin token", "token_id")
     return tokens.revoke(token_id)

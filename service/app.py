@@ -41,6 +41,19 @@ from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
 
 log = logging.getLogger(__name__)
 
+#: The error statuses any route may answer, each with the ``ErrorBody`` body (documented in OpenAPI).
+ERRORS = {
+    400: "the body could not be read (not UTF-8 or not JSON)",
+    401: "no token, or an unknown or revoked one",
+    403: "the token's role or owner does not allow it",
+    404: "no such route or thing",
+    405: "the route has no such method",
+    409: "the request clashes with the state (lease_lost: the lease ended)",
+    413: "the body is over the size limit",
+    422: "a field is invalid; ``field`` names it",
+    429: "too many requests of this kind from this token (see Retry-After)",
+}
+
 #: SQLite read connections: as many as the request threads (FastAPI's default limit is 40), so
 #: concurrent lookups never queue for a connection (SQLite readers do not block each other).
 READ_POOL_SIZE = 40
@@ -112,6 +125,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         version="1",
         summary="Tiling autotuning service: sweeps, jobs, worker leases and best configs.",
         lifespan=lifespan,
+        responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
     )
     app.state.services = services
     routers = (

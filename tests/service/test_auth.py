@@ -233,6 +233,16 @@ def test_a_revoked_token_is_refused_at_once(world: World) -> None:
     assert world.client.get("/v1/jobs", headers=world.headers("reader")).status_code == 401
 
 
+def test_a_token_cannot_revoke_itself(world: World) -> None:
+    admin_id = next(
+        t["id"] for t in world.client.get("/v1/tokens", headers=ADMIN).json() if t["name"] == "admin"
+    )
+    refused = world.client.post(f"/v1/tokens/{admin_id}/revoke", headers=ADMIN)
+    assert refused.status_code == 409
+    assert refused.json()["field"] == "token_id"
+    assert world.client.get("/v1/tokens", headers=ADMIN).status_code == 200
+
+
 def test_open_reads_let_anonymous_callers_read_but_never_write(database_url: str) -> None:
     upgrade(database_url)
     settings = Settings(db_url=database_url, admin_token=ADMIN_SECRET, open_reads=True)
