@@ -132,13 +132,7 @@ class Search:
         self._valid_keys = self._valid.keys
         self._grid = self._valid.grid() if strategy == "grid" else iter(())
         self._model = self._make_model(seed)
-        self._schedule = Schedule(
-            {
-                "model": self._options.model_share if self._model is not None else 0.0,
-                "local": self._options.local_share,
-                "tpe": 1.0 - self._options.local_share - (self._options.model_share if self._model else 0.0),
-            }
-        )
+        self._schedule = Schedule(self._shares())
         self._record = Record(min_improvement)
         self._local = LocalSearch(self._enc, self._options.local_top)
         self._pending: dict[int, _Pending] = {}
@@ -315,10 +309,20 @@ class Search:
         for source in self._schedule.turn():
             if source == "tpe":
                 return None
-            proposed = self._model.propose() if source == "model" and self._model else self._local_key()
+            proposed = self._source_key(source)
             if proposed is not None:
                 return proposed
         return None
+
+    def _source_key(self, source: str) -> Key | None:
+        """A proposal of one of the ``tpe`` strategy's own sources (``None``: it has none now)."""
+        if source == "model" and self._model is not None:
+            patience = self._options.stall_patience
+            stalls = self._record.since_improvement // patience if patience else 0
+            return self._model.propose(temperature_scale=1.0 + stalls)
+        if source == "random":
+            return self._random_new_key()
+        return self._local_key()
 
     def _next_grid_key(self) -> Key | None:
         for key in self._grid:
@@ -336,7 +340,8 @@ class Search:
 
     def _local_key(self) -> Key | None:
         """An unmeasured valid neighbour of the ``local_top`` best configs (:mod:`neighbourhood`)."""
-        return self._local.propose(self._record.ranked, self._is_usable, self._model)
+        niches = self._record.niche_bases() if self._options.local_niches else ()
+        return self._local.propose(self._record.ranked, self._is_usable, self._model, niches)
 
     def _sampler_saturated(self) -> bool:
         """True (once) when TPE's last samples held no new valid config: asking again would repeat."""
@@ -407,6 +412,15 @@ class Search:
         return self._is_new(key) and self._valid.is_valid(key)
 
     # -- construction -----------------------------------------------------------------------
+
+    def _shares(self) -> dict[str, float]:
+        """The ``tpe`` strategy's sources and their shares (the model's goes to TPE without a model)."""
+        options = self._options
+        model = options.model_share if self._model is not None else 0.0
+        shares = {"model": model, "local": options.local_share}
+        if options.random_share > 0:
+            shares["random"] = options.random_share
+        return {**shares, "tpe": 1.0 - sum(shares.values())}
 
     def _make_model(self, seed: int | None) -> PairModel | None:
         if self.strategy != "tpe" or self._valid_keys is None or self._options.model_share <= 0:

@@ -51,6 +51,7 @@ class PairModel:
         trend_prior: float,
         temperature: float,
         seed: int | None,
+        clip_quantile: float = 1.0,
     ) -> None:
         """Settings as in :class:`~tiletune.tuner.strategy.TpeOptions` (``model_*``)."""
         keys_array = np.asarray(keys, dtype=np.int32).reshape(len(keys), len(enc.sizes))
@@ -65,6 +66,8 @@ class PairModel:
         self._xtx = np.zeros((width, width))
         self._xty = np.zeros(width)
         self._ys: list[float] = []
+        self._learned_rows: list[int] = []
+        self._clip_quantile = clip_quantile
         self._prior_scale = np.ones(width)
         self._prior_scale[main_width : self._trend_start] = pair_prior
         self._prior_scale[self._trend_start :] = trend_prior
@@ -86,6 +89,7 @@ class PairModel:
             trend_prior=options.model_trend_prior,
             temperature=options.model_temperature,
             seed=seed,
+            clip_quantile=options.model_clip_quantile,
         )
 
     @staticmethod
@@ -144,14 +148,20 @@ class PairModel:
         self._xtx[np.ix_(features, features)] += np.outer(values, values)
         self._xty[features] += values * y
         self._ys.append(y)
+        self._learned_rows.append(row)
 
-    def propose(self) -> Key | None:
-        """Thompson sampling: the best unmeasured valid config under a posterior draw."""
+    def propose(self, temperature_scale: float = 1.0) -> Key | None:
+        """Thompson sampling: the best unmeasured valid config under a posterior draw.
+
+        ``temperature_scale`` multiplies the model's temperature for this draw
+        (above 1: explore further from what the posterior mean prefers).
+        """
         rows = np.flatnonzero(self._available)
         if rows.size == 0 or len(self._ys) < 2:
             return None
         mean, root = self._posterior()
-        weights = mean + self._temperature * (root @ self._rng.standard_normal(len(mean)))
+        noise = self._temperature * temperature_scale
+        weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))
         predicted = self._predict(weights, rows)
         return self._keys[int(rows[int(np.argmin(predicted))])]
 
@@ -176,13 +186,34 @@ class PairModel:
             self._fitted_at = count
         return self._fit
 
-    def _refit(self) -> tuple[Any, Any]:
+    def _targets(self) -> tuple[Any, Any]:
+        """The log times the model fits and their products with the features (``X^T y``).
+
+        With ``clip_quantile`` below 1, log times above that quantile of the
+        measured ones are clipped to it: the model then spends its weights on
+        ranking the fast configs rather than on how slow the slow ones are.
+        """
         ys = np.asarray(self._ys)
+        if self._clip_quantile >= 1.0:
+            return ys, self._xty
+        ys = np.minimum(ys, np.quantile(ys, self._clip_quantile))
+        rows = np.asarray(self._learned_rows)
+        features = self._features[rows]
+        xty = np.bincount(
+            features.ravel(), weights=np.repeat(ys, features.shape[1]), minlength=self._xty.size
+        ).astype(float)
+        xty[0] += ys.sum()
+        if self._trends.shape[1]:
+            xty[self._trend_start :] += self._trends[rows].T @ ys
+        return ys, xty
+
+    def _refit(self) -> tuple[Any, Any]:
+        ys, xty = self._targets()
         prior_var = max(float(ys.var()), 1e-6) * self._prior_scale
         noise_var = float(prior_var[0]) / 4.0
         precision = self._xtx / noise_var + np.diag(1.0 / prior_var)
         precision[0, 0] = self._xtx[0, 0] / noise_var + 1e-9  # a flat prior on the intercept
-        rhs = (self._xty - float(ys.mean()) * self._xtx[0]) / noise_var
+        rhs = (xty - float(ys.mean()) * self._xtx[0]) / noise_var
         # One BLAS thread: the fit is small, and idle BLAS threads spinning on the
         # other cores would disturb the measurement that follows on a small machine.
         with threadpool_limits(limits=1, user_api="blas"):
