@@ -57,6 +57,7 @@ class PairModel:
         keys_array = np.asarray(keys, dtype=np.int32).reshape(len(keys), len(enc.sizes))
         columns, width, main_width = self._columns(enc, keys_array, pair_bins)
         self._features = np.stack(columns, axis=1) if columns else np.zeros((len(keys), 0), np.int32)
+        self._columns_t = np.ascontiguousarray(self._features.T)
         self._trends = self._trend_columns(enc, keys_array)
         self._trend_start = width
         width += self._trends.shape[1]
@@ -124,10 +125,18 @@ class PairModel:
 
     def _predict(self, weights: Any, rows: Any) -> Any:
         """Predicted log time (less the intercept) of the configs at ``rows`` under ``weights``."""
-        predicted = weights[self._features[rows]].sum(axis=1)
+        if rows.size * 4 < len(self._keys):  # a few rows: gather them
+            predicted = weights[self._features[rows]].sum(axis=1)
+            if self._trends.shape[1]:
+                predicted = predicted + self._trends[rows] @ weights[self._trend_start :]
+            return predicted
+        # Most rows: one gather per feature column over every row is several times faster.
+        predicted = np.zeros(len(self._keys))
+        for column in self._columns_t:
+            predicted += np.take(weights, column)
         if self._trends.shape[1]:
-            predicted = predicted + self._trends[rows] @ weights[self._trend_start :]
-        return predicted
+            predicted += self._trends @ weights[self._trend_start :]
+        return predicted[rows]
 
     def take(self, key: Key) -> None:
         """Never propose ``key`` (measured or outstanding)."""
