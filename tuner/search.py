@@ -25,8 +25,7 @@ Contract of :class:`Search`:
   measurements without improving the best by more than ``min_improvement``
   (relative), and exhaustion of the valid space. ``stop_reason`` says which.
 
-The strategies (``tpe``, ``random``, ``grid``) and how ``tpe`` mixes its
-sources are described in :mod:`tiletune.tuner.strategy`.
+Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.strategy`.
 
 The state of a search lives in its Optuna study (:mod:`tiletune.tuner.outcome`
 marks each trial ``measured``, ``failed``, ``invalid`` or ``duplicate``), so a
@@ -132,7 +131,7 @@ class Search:
         self._valid_keys = self._valid.keys
         self._grid = self._valid.grid() if strategy == "grid" else iter(())
         self._model = self._make_model(seed)
-        self._schedule = Schedule(self._shares())
+        self._schedule = Schedule(self._options.shares(has_model=self._model is not None))
         self._record = Record(min_improvement)
         self._local = LocalSearch(self._enc, self._options.local_top)
         self._pending: dict[int, _Pending] = {}
@@ -317,9 +316,7 @@ class Search:
     def _source_key(self, source: str) -> Key | None:
         """A proposal of one of the ``tpe`` strategy's own sources (``None``: it has none now)."""
         if source == "model" and self._model is not None:
-            patience = self._options.stall_patience
-            stalls = self._record.since_improvement // patience if patience else 0
-            return self._model.propose(temperature_scale=1.0 + stalls)
+            return self._model.propose(self._options.temperature_scale(self._record.since_improvement))
         if source == "random":
             return self._random_new_key()
         return self._local_key()
@@ -412,15 +409,6 @@ class Search:
         return self._is_new(key) and self._valid.is_valid(key)
 
     # -- construction -----------------------------------------------------------------------
-
-    def _shares(self) -> dict[str, float]:
-        """The ``tpe`` strategy's sources and their shares (the model's goes to TPE without a model)."""
-        options = self._options
-        model = options.model_share if self._model is not None else 0.0
-        shares = {"model": model, "local": options.local_share}
-        if options.random_share > 0:
-            shares["random"] = options.random_share
-        return {**shares, "tpe": 1.0 - sum(shares.values())}
 
     def _make_model(self, seed: int | None) -> PairModel | None:
         if self.strategy != "tpe" or self._valid_keys is None or self._options.model_share <= 0:

@@ -97,6 +97,17 @@ class TpeOptions:
                 "options: model_temperature >= 0, model_pair_prior > 0 and model_trend_prior > 0"
             )
 
+    def shares(self, has_model: bool) -> dict[str, float]:
+        """The sources and their shares of the later asks (without a model, its share goes to TPE)."""
+        shares = {"model": self.model_share if has_model else 0.0, "local": self.local_share}
+        if self.random_share > 0:
+            shares["random"] = self.random_share
+        return {**shares, "tpe": 1.0 - sum(shares.values())}
+
+    def temperature_scale(self, since_improvement: int) -> float:
+        """How much hotter the model's draws are after ``since_improvement`` asks without a new best."""
+        return 1.0 + (since_improvement // self.stall_patience if self.stall_patience else 0)
+
 
 class Schedule:
     """Interleaves sources by share: each turn, the sources in order of accumulated credit."""
