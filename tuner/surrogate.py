@@ -23,6 +23,9 @@ from threadpoolctl import threadpool_limits
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.strategy import TpeOptions
 
+#: Successful measurements before the model clips its targets (``clip_quantile``).
+CLIP_MIN_MEASUREMENTS = 32
+
 
 class PairModel:
     """A Bayesian linear model of log time over knob values, pairs of values and trends.
@@ -201,9 +204,11 @@ class PairModel:
         With ``clip_quantile`` below 1, log times above that quantile of the
         measured ones are clipped to it: the model then spends its weights on
         ranking the fast configs rather than on how slow the slow ones are.
+        Not before ``CLIP_MIN_MEASUREMENTS``: a quantile of a handful says little,
+        and a small budget keeps the whole trend (time falling with tile size).
         """
         ys = np.asarray(self._ys)
-        if self._clip_quantile >= 1.0:
+        if self._clip_quantile >= 1.0 or ys.size < CLIP_MIN_MEASUREMENTS:
             return ys, self._xty
         ys = np.minimum(ys, np.quantile(ys, self._clip_quantile))
         rows = np.asarray(self._learned_rows)

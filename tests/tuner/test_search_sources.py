@@ -12,7 +12,7 @@ from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.neighbourhood import LocalSearch
 from tiletune.tuner.record import Record
 from tiletune.tuner.search import Config, Search, SearchSpace, TpeOptions
-from tiletune.tuner.surrogate import PairModel
+from tiletune.tuner.surrogate import CLIP_MIN_MEASUREMENTS, PairModel
 from tiletune.tuner.warm_start import interleave_seeds
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -91,7 +91,8 @@ def test_a_clipped_model_ignores_how_slow_the_slow_configs_are() -> None:
     """Clipped at the median, two runs that differ only above it fit, and so propose, the same."""
     enc = Encoding(KNOBS)
     keys = list(enc.all_keys())
-    measured = keys[::3]
+    measured = keys[::2]  # 36: enough for the clip (CLIP_MIN_MEASUREMENTS)
+    assert len(measured) >= CLIP_MIN_MEASUREMENTS
     times = {key: bowl_ms(enc.config(key)) for key in measured}
     cut = sorted(times.values())[len(times) // 2]
     proposals = []
@@ -110,6 +111,18 @@ def test_a_clipped_model_ignores_how_slow_the_slow_configs_are() -> None:
             plain.add(key, time_ms * slow_factor if time_ms > cut else time_ms)
         unclipped.append([plain.propose() for _ in range(5)])
     assert unclipped[0] != unclipped[1]  # without the clip the slow outliers move the fit
+
+
+def test_a_model_with_few_measurements_is_not_clipped() -> None:
+    enc = Encoding(KNOBS)
+    keys = list(enc.all_keys())
+    proposals = []
+    for clip in (1.0, 0.25):
+        fitted = model(enc, clip_quantile=clip)
+        for key in keys[: CLIP_MIN_MEASUREMENTS - 1]:
+            fitted.add(key, bowl_ms(enc.config(key)))
+        proposals.append([fitted.propose() for _ in range(5)])
+    assert proposals[0] == proposals[1]
 
 
 def test_a_draw_at_temperature_zero_is_the_posterior_means_choice() -> None:
