@@ -2,18 +2,33 @@
 
 For each recorded space (see ``tiletune.tuner.replay``) and each strategy, runs
 the search with several seeds against the replay device, each up to the largest
-budget, and reports the fraction of the optimum reached (optimum time / best
-time found) after each budget, a budget being a percentage of the valid space
-in unique valid measurements (failures included). Also reports the sampler's
-cost per asked config and the wall time. Goals (issue 2): ``tpe`` median
->= 0.99 and worst seed >= 0.97 at 5 %, and a better median than ``random`` on
-every space at every budget.
+budget, and reports after each budget (a percentage of the valid space in unique
+valid measurements, failures included): the fraction of the optimum reached
+(optimum time / best time found), median and worst seed, and how many seeds
+reach ``REACH`` (0.97); and, per run, the area under the best-so-far curve with
+the budget on a log axis from the smallest to the largest budget
+(``tiletune.tuner.quality.log_auc``: one figure per run). ``tpe`` is compared
+with ``random`` at the median and at the worst seed of every budget. Also
+reports the cost per ask (mean, and over the last 10 % of asks) and wall time.
+
+Goals (issue 15): at 5 % every space's worst seed >= 0.97 and median >= 0.995;
+at 2 % worst >= 0.90; ``tpe`` better than ``random`` at the median and the worst
+seed at every budget.
+
+``--lodo CANDIDATES`` (a JSON object: label -> ``TpeOptions`` overrides) runs
+every candidate on every space and judges by leave-one-device-out: for each
+device, the candidate with the best mean score (the worst seed's AUC plus the
+median's, halved) over the spaces of the *other* devices is chosen, and that
+device's spaces are reported with it. ``--warm-start K`` seeds each ``tpe`` search
+with the ``K`` best configs of the same kernel recorded on other devices (every
+recorded space of the directory, not only those run; ``random`` stays plain).
 
 Prints one JSON document on stdout, progress on stderr::
 
     python benchmarks/search_replay.py [--spaces gemm_RTX_3090,...] [--seeds 5]
         [--budgets 1,2,5,10] [--strategies tpe,random] [--jobs 2] [--batch 1]
         [--replay-dir DIR] [--tpe-options '{"local_share": 0.5}']
+        [--lodo '{"a": {}, "b": {"random_share": 0.1}}'] [--warm-start K]
 """
 
 # ruff: noqa: E402  (BLAS threads are limited before numpy is first imported)
@@ -28,7 +43,6 @@ for _variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -40,25 +54,35 @@ from typing import Any
 
 import optuna
 
+from tiletune.tuner.quality import (
+    budget_trials,
+    choose_leave_one_device_out,
+    device_of,
+    fraction_at,
+    log_auc,
+)
 from tiletune.tuner.replay import ReplaySpace, load_replay, replay_spaces
-from tiletune.tuner.search import STRATEGIES, Search, TpeOptions
+from tiletune.tuner.search import STRATEGIES, Config, Search, TpeOptions
+from tiletune.tuner.warm_start import interleave_seeds
 
-GOAL_BUDGET_PCT = 5.0
-GOAL_MEDIAN = 0.99
-GOAL_WORST = 0.97
+REACH = 0.97
+#: (budget %, statistic, at least): the issue's goals for ``tpe``.
+GOALS = ((5.0, "worst", 0.97), (5.0, "median", 0.995), (2.0, "worst", 0.90))
 
 
 @dataclass(frozen=True)
 class Task:
-    """One search run: a space, a strategy and a seed, up to ``max_trials`` measurements."""
+    """One search run: a space, a strategy (and candidate label) and a seed, up to ``max_trials``."""
 
     space: str
     path: str
     strategy: str
+    label: str
     seed: int
     max_trials: int
     batch: int
     options: dict[str, Any]
+    warm: tuple[tuple[tuple[str, int], ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -67,8 +91,7 @@ class Run:
 
     task: Task
     history: list[float]
-    asks: int
-    ask_s: float
+    ask_s: list[float]
     tell_s: float
     wall_s: float
     counts: dict[str, int]
@@ -80,18 +103,18 @@ def run_task(task: Task) -> Run:
     space = load_replay(task.path)
     started = time.perf_counter()
     search = Search(
-        space.search_space(),
+        space.search_space(seeds=[dict(config) for config in task.warm]),
         strategy=task.strategy,
         seed=task.seed,
         max_trials=task.max_trials,
         options=TpeOptions(**task.options),
     )
-    asks, ask_s, tell_s = 0, 0.0, 0.0
+    ask_s: list[float] = []
+    tell_s = 0.0
     while not search.done:
         before = time.perf_counter()
         candidates = search.ask(task.batch)
-        ask_s += time.perf_counter() - before
-        asks += len(candidates)
+        ask_s.append(time.perf_counter() - before)
         if not candidates:
             break
         before = time.perf_counter()
@@ -100,26 +123,89 @@ def run_task(task: Task) -> Run:
             search.tell(candidate.trial_id, outcome.time_ms, outcome.error)
         tell_s += time.perf_counter() - before
     wall_s = time.perf_counter() - started
-    return Run(task, search.history, asks, ask_s, tell_s, wall_s, search.counts.as_dict())
+    return Run(task, search.history, ask_s, tell_s, wall_s, search.counts.as_dict())
 
 
-def budget_trials(space: ReplaySpace, pct: float) -> int:
-    """Unique valid measurements that make ``pct`` percent of the valid space (at least 1)."""
-    return max(1, math.ceil(space.valid_count * pct / 100.0))
+def warm_configs(space: ReplaySpace, others: Sequence[ReplaySpace], k: int) -> list[Config]:
+    """Seeds from the ``k`` best configs of the same kernel on each other device, interleaved."""
+    best_by_device = {}
+    for other in others:
+        if other.name == space.name or other.kernel_name != space.kernel_name:
+            continue
+        numeric = sorted((t, key) for key, t in other.entries.items() if not isinstance(t, str))
+        best_by_device[other.name] = [dict(zip(other.knobs, key, strict=True)) for _, key in numeric[:k]]
+    return interleave_seeds(best_by_device, k)
 
 
-def fraction_at(run: Run, trials: int, optimum_ms: float) -> float:
-    """Optimum time over the best time found within the first ``trials`` measurements (0 if none)."""
-    if not run.history:
-        return 0.0
-    best = run.history[min(trials, len(run.history)) - 1]
-    return optimum_ms / best if math.isfinite(best) else 0.0
+def summarize_strategy(space: ReplaySpace, runs: list[Run], budgets: Sequence[float]) -> dict[str, Any]:
+    """Per budget: median, worst and per-seed fraction, seeds reaching ``REACH``; AUC; costs."""
+    fraction: dict[str, dict[str, Any]] = {}
+    for pct in budgets:
+        values = [
+            fraction_at(run.history, budget_trials(space.valid_count, pct), space.optimum_ms) for run in runs
+        ]
+        fraction[_pct(pct)] = {
+            "median": round(statistics.median(values), 4),
+            "worst": round(min(values), 4),
+            "reached": sum(value >= REACH for value in values),
+            "per_seed": [round(value, 4) for value in values],
+        }
+    first, last = (budget_trials(space.valid_count, pct) for pct in (min(budgets), max(budgets)))
+    aucs = [log_auc(run.history, space.optimum_ms, first, last) for run in runs]
+    asks = [s for run in runs for s in run.ask_s]
+    tail = [s for run in runs for s in run.ask_s[len(run.ask_s) * 9 // 10 :]]
+    return {
+        "seeds": [run.task.seed for run in runs],
+        "fraction": fraction,
+        "auc": {
+            "median": round(statistics.median(aucs), 4),
+            "worst": round(min(aucs), 4),
+            "per_seed": [round(a, 4) for a in aucs],
+        },
+        "ask_ms_mean": round(1000 * statistics.mean(asks), 3),
+        "ask_ms_last_tenth": round(1000 * statistics.mean(tail), 3),
+        "wall_s_per_run": round(statistics.mean(run.wall_s for run in runs), 2),
+        "counts_mean": {
+            name: round(statistics.mean(run.counts[name] for run in runs), 1) for name in runs[0].counts
+        },
+    }
 
 
-def summarize_space(space: ReplaySpace, runs: list[Run], budgets: Sequence[float]) -> dict[str, Any]:
-    """The JSON summary of one space: per strategy and budget, median and worst fraction."""
+def versus_random(ours: dict[str, Any], random: dict[str, Any]) -> dict[str, Any]:
+    """Per budget: ours and random's median and worst, and whether ours is better at each."""
+    table = {}
+    for budget, mine in ours["fraction"].items():
+        theirs = random["fraction"][budget]
+        table[budget] = {
+            "ours": [mine["median"], mine["worst"]],
+            "random": [theirs["median"], theirs["worst"]],
+            "median_better": mine["median"] > theirs["median"],
+            "worst_better": mine["worst"] > theirs["worst"],
+        }
+    return table
+
+
+def goals_met(ours: dict[str, Any], random: dict[str, Any] | None) -> dict[str, bool]:
+    """Each goal of the issue for one space (``vs_random`` only when random ran)."""
+    met = {}
+    for pct, statistic, least in GOALS:
+        if _pct(pct) in ours["fraction"]:
+            met[f"{statistic}@{_pct(pct)}>={least}"] = ours["fraction"][_pct(pct)][statistic] >= least
+    if random is not None:
+        met["beats_random"] = all(
+            row["median_better"] and row["worst_better"] for row in versus_random(ours, random).values()
+        )
+    return met
+
+
+def summarize_space(
+    space: ReplaySpace, runs: list[Run], budgets: Sequence[float], label: str | None = None
+) -> dict[str, Any]:
+    """One space: per strategy the summary, ``tpe`` against ``random``, and the goals."""
     by_strategy: dict[str, list[Run]] = {}
     for run in runs:
+        if run.task.strategy == "tpe" and label is not None and run.task.label != label:
+            continue
         by_strategy.setdefault(run.task.strategy, []).append(run)
     strategies = {
         strategy: summarize_strategy(space, sorted(group, key=lambda r: r.task.seed), budgets)
@@ -127,47 +213,31 @@ def summarize_space(space: ReplaySpace, runs: list[Run], budgets: Sequence[float
     }
     summary: dict[str, Any] = {
         "kernel": space.kernel_name,
-        "device": space.device_name,
-        "product_size": space.product_size,
+        "device": device_of(space.name),
         "valid_configs": space.valid_count,
-        "failed_configs": space.failed_count,
         "optimum_ms": space.optimum_ms,
-        "budgets": {_pct(pct): budget_trials(space, pct) for pct in budgets},
+        "budgets": {_pct(pct): budget_trials(space.valid_count, pct) for pct in budgets},
         "strategies": strategies,
     }
-    if "tpe" in strategies and "random" in strategies:
-        summary["tpe_better_than_random"] = {
-            _pct(pct): strategies["tpe"]["fraction"][_pct(pct)]["median"]
-            > strategies["random"]["fraction"][_pct(pct)]["median"]
-            for pct in budgets
-        }
-    if "tpe" in strategies and GOAL_BUDGET_PCT in budgets:
-        at_goal = strategies["tpe"]["fraction"][_pct(GOAL_BUDGET_PCT)]
-        summary["goal_5pct_met"] = at_goal["median"] >= GOAL_MEDIAN and at_goal["worst"] >= GOAL_WORST
+    if "tpe" in strategies:
+        random = strategies.get("random")
+        if random is not None:
+            summary["vs_random"] = versus_random(strategies["tpe"], random)
+        summary["goals"] = goals_met(strategies["tpe"], random)
     return summary
 
 
-def summarize_strategy(space: ReplaySpace, runs: list[Run], budgets: Sequence[float]) -> dict[str, Any]:
-    """Median and worst fraction of the optimum per budget, plus what the sampler cost."""
-    fraction: dict[str, dict[str, Any]] = {}
-    for pct in budgets:
-        values = [fraction_at(run, budget_trials(space, pct), space.optimum_ms) for run in runs]
-        fraction[_pct(pct)] = {
-            "median": round(statistics.median(values), 4),
-            "worst": round(min(values), 4),
-            "per_seed": [round(value, 4) for value in values],
-        }
-    asks = sum(run.asks for run in runs)
-    return {
-        "seeds": [run.task.seed for run in runs],
-        "fraction": fraction,
-        "ask_ms_mean": round(1000 * sum(run.ask_s for run in runs) / max(1, asks), 3),
-        "tell_ms_mean": round(1000 * sum(run.tell_s for run in runs) / max(1, asks), 3),
-        "wall_s_per_run": round(statistics.mean(run.wall_s for run in runs), 2),
-        "counts_mean": {
-            name: round(statistics.mean(run.counts[name] for run in runs), 1) for name in runs[0].counts
-        },
-    }
+def lodo_score(summary: dict[str, Any]) -> float:
+    """What leave-one-device-out maximises on the training spaces: worst and median AUC, halved."""
+    auc = summary["auc"]
+    return 0.5 * (float(auc["worst"]) + float(auc["median"]))
+
+
+def _brief(summary: dict[str, Any]) -> dict[str, Any]:
+    """``tpe``'s median, worst and seeds reaching ``REACH`` per budget, and its AUC (median, worst)."""
+    ours = summary["strategies"]["tpe"]
+    brief: dict[str, Any] = {b: [f["median"], f["worst"], f["reached"]] for b, f in ours["fraction"].items()}
+    return {**brief, "auc": [ours["auc"]["median"], ours["auc"]["worst"]]}
 
 
 def _pct(pct: float) -> str:
@@ -186,29 +256,41 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1, help="parallel processes (default 1)")
     parser.add_argument("--batch", type=int, default=1, help="candidates asked at once (parallel workers)")
     parser.add_argument("--tpe-options", default="{}", help="JSON overrides of TpeOptions")
+    parser.add_argument("--lodo", default="", help="JSON object label -> TpeOptions overrides: judge by LODO")
+    parser.add_argument("--warm-start", type=int, default=0, help="seed with K best configs of other devices")
     args = parser.parse_args(argv)
     args.budget_list = sorted(float(b) for b in args.budgets.split(","))
     args.strategy_list = [s for s in args.strategies.split(",") if s]
     unknown = [s for s in args.strategy_list if s not in STRATEGIES]
-    if unknown or args.seeds < 1 or args.jobs < 1 or args.batch < 1:
-        parser.error(f"bad --strategies {unknown}, or --seeds/--jobs/--batch below 1")
-    args.options = json.loads(args.tpe_options)
+    if unknown or args.seeds < 1 or args.jobs < 1 or args.batch < 1 or args.warm_start < 0:
+        parser.error(
+            f"bad --strategies {unknown}, or --seeds/--jobs/--batch below 1, or --warm-start below 0"
+        )
+    args.candidates = json.loads(args.lodo) if args.lodo else {"tpe": json.loads(args.tpe_options)}
     known = {f.name for f in fields(TpeOptions)}
-    if not set(args.options) <= known:
-        parser.error(f"--tpe-options: unknown keys {sorted(set(args.options) - known)}")
+    for label, options in args.candidates.items():
+        if not set(options) <= known:
+            parser.error(f"options of {label!r}: unknown keys {sorted(set(options) - known)}")
+        TpeOptions(**options)
     return args
 
 
-def make_tasks(args: argparse.Namespace, files: dict[str, Path]) -> list[Task]:
-    """Every (space, strategy, seed) run, the costly spaces first so parallel jobs end together."""
+def make_tasks(args: argparse.Namespace, files: dict[str, Path], every: dict[str, Path]) -> list[Task]:
+    """Every (space, strategy, candidate, seed) run, the costly ones first so parallel jobs end together."""
+    recorded = [load_replay(path) for path in every.values()] if args.warm_start else []
     tasks = []
-    for name, path in files.items():
-        space = load_replay(path)
-        max_trials = budget_trials(space, max(args.budget_list))
+    for space in (load_replay(path) for path in files.values()):
+        max_trials = budget_trials(space.valid_count, max(args.budget_list))
+        warm = tuple(tuple(c.items()) for c in warm_configs(space, recorded, args.warm_start))
         for strategy in args.strategy_list:
-            options = args.options if strategy == "tpe" else {}
-            for seed in range(args.seeds):
-                tasks.append(Task(name, str(path), strategy, seed, max_trials, args.batch, options))
+            seeds = warm if strategy == "tpe" else ()  # random stays plain random search
+            labels = args.candidates if strategy == "tpe" else {strategy: {}}
+            for label, options in labels.items():
+                for seed in range(args.seeds):
+                    path = str(space.path)
+                    tasks.append(
+                        Task(space.name, path, strategy, label, seed, max_trials, args.batch, options, seeds)
+                    )
     return sorted(tasks, key=lambda t: (t.strategy != "tpe", -t.max_trials))
 
 
@@ -216,8 +298,7 @@ def run_all(tasks: list[Task], jobs: int) -> list[Run]:
     """Run the tasks (in ``jobs`` processes when more than one), reporting progress on stderr."""
     runs: list[Run] = []
     if jobs == 1:
-        results = map(run_task, tasks)
-        for run in results:
+        for run in map(run_task, tasks):
             runs.append(_progress(run, len(runs) + 1, len(tasks)))
         return runs
     with ProcessPoolExecutor(max_workers=jobs) as pool:
@@ -228,9 +309,9 @@ def run_all(tasks: list[Task], jobs: int) -> list[Run]:
 
 def _progress(run: Run, done: int, total: int) -> Run:
     task = run.task
-    best = run.history[-1] if run.history else math.inf
+    best = run.history[-1] if run.history else float("inf")
     print(
-        f"[{done}/{total}] {task.space} {task.strategy} seed={task.seed}: {len(run.history)} measured, "
+        f"[{done}/{total}] {task.space} {task.label} seed={task.seed}: {len(run.history)} measured, "
         f"best {best:.4g} ms, {run.wall_s:.1f} s",
         file=sys.stderr,
         flush=True,
@@ -238,9 +319,38 @@ def _progress(run: Run, done: int, total: int) -> Run:
     return run
 
 
+def leave_one_device_out(args: argparse.Namespace, files: dict[str, Path], runs: list[Run]) -> dict[str, Any]:
+    """Every candidate's summary per space, the choice per held-out device, and its spaces' figures."""
+    per_label = {
+        label: {
+            name: summarize_space(
+                load_replay(path), [r for r in runs if r.task.space == name], args.budget_list, label
+            )
+            for name, path in files.items()
+        }
+        for label in args.candidates
+    }
+    scores = {
+        label: {name: lodo_score(s["strategies"]["tpe"]) for name, s in spaces.items()}
+        for label, spaces in per_label.items()
+    }
+    chosen = choose_leave_one_device_out(scores)
+    held_out = {name: per_label[chosen[device_of(name)]][name] for name in files}
+    return {
+        "candidates": args.candidates,
+        "in_sample": {
+            label: {n: _brief(s) for n, s in spaces.items()} for label, spaces in per_label.items()
+        },
+        "scores": {label: {n: round(v, 4) for n, v in s.items()} for label, s in scores.items()},
+        "chosen": chosen,
+        "spaces": held_out,
+        "all_goals_met": all(all(s["goals"].values()) for s in held_out.values()),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    files = replay_spaces(args.replay_dir)
+    files = every = replay_spaces(args.replay_dir)
     if args.spaces:
         wanted = args.spaces.split(",")
         missing = [name for name in wanted if name not in files]
@@ -249,24 +359,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         files = {name: files[name] for name in wanted}
     started = time.perf_counter()
-    runs = run_all(make_tasks(args, files), args.jobs)
-    spaces = {
-        name: summarize_space(load_replay(path), [r for r in runs if r.task.space == name], args.budget_list)
-        for name, path in files.items()
-    }
-    document = {
+    runs = run_all(make_tasks(args, files, every), args.jobs)
+    document: dict[str, Any] = {
         "benchmark": "search_replay",
         "seeds": args.seeds,
         "batch": args.batch,
-        "tpe_options": asdict(TpeOptions(**args.options)),
-        "goal": {"budget": _pct(GOAL_BUDGET_PCT), "median": GOAL_MEDIAN, "worst": GOAL_WORST},
-        "spaces": spaces,
-        "all_goals_met": all(
-            s.get("goal_5pct_met", False) and all(s.get("tpe_better_than_random", {"": False}).values())
-            for s in spaces.values()
-        ),
-        "wall_s": round(time.perf_counter() - started, 1),
+        "warm_start": args.warm_start,
+        "goals": [{"budget": _pct(p), "statistic": s, "at_least": v} for p, s, v in GOALS],
     }
+    if args.lodo:
+        document["leave_one_device_out"] = leave_one_device_out(args, files, runs)
+    else:
+        spaces = {
+            name: summarize_space(
+                load_replay(path), [r for r in runs if r.task.space == name], args.budget_list
+            )
+            for name, path in files.items()
+        }
+        document["tpe_options"] = asdict(TpeOptions(**args.candidates["tpe"]))
+        document["spaces"] = spaces
+        document["all_goals_met"] = all(all(s.get("goals", {"": False}).values()) for s in spaces.values())
+    document["wall_s"] = round(time.perf_counter() - started, 1)
     json.dump(document, sys.stdout, indent=2)
     print()
     return 0

@@ -10,10 +10,13 @@ Modules:
   ``surrogate`` (the model of which unmeasured configs are likely fast), ``neighbourhood``
   (local search around the best), ``sampler`` (Optuna's TPE, masked to usable configs),
   ``record`` (what was measured, the ranking, counts), ``outcome`` (trial outcomes in the
-  Optuna study), ``budget`` (when a search stops);
+  Optuna study), ``budget`` (when a search stops), ``warm_start`` (seeds from the best configs
+  of other chips);
 - ``finalists``: the finalist and winner policy (local tuning and the server share it);
 - ``tune``: local tuning (``tiletune tune``);
 - ``replay``: recorded tuning spaces as a device (no hardware, no noise);
+- ``quality``: how good a search was on a recorded space (fraction of the optimum, area under
+  the best-so-far curve) and the leave-one-device-out choice of settings;
 - ``worker``: the worker process that leases jobs from a server and measures them;
 - ``heartbeat``: the thread that keeps a worker's lease alive;
 - ``result``: bench results in the wire's terms (trial outcomes, validation results);

@@ -4,7 +4,8 @@ Contract: :class:`Record` holds one outcome per measured key (a time in ms, or
 the error of a measured failure), the successful ones ranked fastest first
 (ties in the order they were added), the counts by outcome (``invalid`` and
 ``duplicate`` proposals are counted here too, though they hold no outcome), the
-best time after each measurement (``inf`` until one succeeds) and how many
+best time after each measurement (``inf`` until one succeeds), the fastest
+success of each *niche* (one knob at one of its values), and how many
 measurements in a row did not improve the best by more than
 ``min_improvement`` (relative). Adding a key twice is the caller's error; the
 record does not check it.
@@ -55,6 +56,8 @@ class Record:
         #: The best time after each measurement.
         self.history: list[float] = []
         self.since_improvement = 0
+        #: The fastest success per ``(knob index, value index)``: the best of each niche.
+        self.niche_best: dict[tuple[int, int], tuple[float, int, Key]] = {}
         self._min_improvement = min_improvement
         self._counts = {"completed": 0, "invalid": 0, "duplicate": 0, "failed": 0}
 
@@ -76,6 +79,10 @@ class Record:
         """Trials by outcome."""
         return SearchCounts(**self._counts)
 
+    def niche_bases(self) -> list[Key]:
+        """The best key of each niche (a knob at one of its values), fastest first, no repeats."""
+        return list(dict.fromkeys(key for _, _, key in sorted(self.niche_best.values())))
+
     def count(self, kind: str) -> None:
         """Count a proposal that holds no outcome: ``invalid`` or ``duplicate``."""
         self._counts[kind] += 1
@@ -85,7 +92,11 @@ class Record:
         best = self.best_ms
         self.outcomes[key] = time_ms
         self._counts["completed"] += 1
-        bisect.insort(self.ranked, (time_ms, len(self.outcomes), key))
+        entry = (time_ms, len(self.outcomes), key)
+        bisect.insort(self.ranked, entry)
+        for niche in enumerate(key):
+            if niche not in self.niche_best or entry < self.niche_best[niche]:
+                self.niche_best[niche] = entry
         self._after_measurement(improved=time_ms < best * (1.0 - self._min_improvement))
 
     def add_failure(self, key: Key, error: str) -> None:

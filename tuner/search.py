@@ -25,8 +25,7 @@ Contract of :class:`Search`:
   measurements without improving the best by more than ``min_improvement``
   (relative), and exhaustion of the valid space. ``stop_reason`` says which.
 
-The strategies (``tpe``, ``random``, ``grid``) and how ``tpe`` mixes its
-sources are described in :mod:`tiletune.tuner.strategy`.
+Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.strategy`.
 
 The state of a search lives in its Optuna study (:mod:`tiletune.tuner.outcome`
 marks each trial ``measured``, ``failed``, ``invalid`` or ``duplicate``), so a
@@ -132,13 +131,7 @@ class Search:
         self._valid_keys = self._valid.keys
         self._grid = self._valid.grid() if strategy == "grid" else iter(())
         self._model = self._make_model(seed)
-        self._schedule = Schedule(
-            {
-                "model": self._options.model_share if self._model is not None else 0.0,
-                "local": self._options.local_share,
-                "tpe": 1.0 - self._options.local_share - (self._options.model_share if self._model else 0.0),
-            }
-        )
+        self._schedule = Schedule(self._options.shares(has_model=self._model is not None))
         self._record = Record(min_improvement)
         self._local = LocalSearch(self._enc, self._options.local_top)
         self._pending: dict[int, _Pending] = {}
@@ -315,10 +308,18 @@ class Search:
         for source in self._schedule.turn():
             if source == "tpe":
                 return None
-            proposed = self._model.propose() if source == "model" and self._model else self._local_key()
+            proposed = self._source_key(source)
             if proposed is not None:
                 return proposed
         return None
+
+    def _source_key(self, source: str) -> Key | None:
+        """A proposal of one of the ``tpe`` strategy's own sources (``None``: it has none now)."""
+        if source == "model" and self._model is not None:
+            return self._model.propose(self._options.temperature_scale(self._record.since_improvement))
+        if source == "random":
+            return self._random_new_key()
+        return self._local_key()
 
     def _next_grid_key(self) -> Key | None:
         for key in self._grid:
@@ -336,7 +337,8 @@ class Search:
 
     def _local_key(self) -> Key | None:
         """An unmeasured valid neighbour of the ``local_top`` best configs (:mod:`neighbourhood`)."""
-        return self._local.propose(self._record.ranked, self._is_usable, self._model)
+        niches = self._record.niche_bases() if self._options.local_niches else ()
+        return self._local.propose(self._record.ranked, self._is_usable, self._model, niches)
 
     def _sampler_saturated(self) -> bool:
         """True (once) when TPE's last samples held no new valid config: asking again would repeat."""

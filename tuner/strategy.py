@@ -48,7 +48,18 @@ class TpeOptions:
       adjacent values) into this many for pair features, which bounds the cost;
     - ``model_trend_prior``: prior variance of a trend weight (linear or
       quadratic in a knob's position) relative to a single value's;
-    - ``n_ei_candidates``: samples TPE draws per proposal (Optuna's option).
+    - ``n_ei_candidates``: samples TPE draws per proposal (Optuna's option);
+    - ``random_share``: fraction of the later asks given to uniform random valid
+      configs (a floor of diversity that no model can take away);
+    - ``model_clip_quantile``: the model fits log times clipped at this quantile of
+      the measured ones (1 = not clipped), so it ranks the fast configs rather
+      than modelling how slow the slow ones are;
+    - ``stall_patience``: after each this many measurements in a row without a
+      new best, the model's temperature grows by its base value (1x, 2x, 3x, ...)
+      until the best improves (0 = never): a stalled search explores further;
+    - ``local_niches``: local search also climbs from the best config of each
+      knob value (after the ``local_top`` best), so once the best basin is
+      exhausted it climbs the next one instead of giving its turns away.
 
     The model needs the valid space enumerated (knob product at most
     ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search
@@ -64,11 +75,19 @@ class TpeOptions:
     model_pair_bins: int = 16
     model_trend_prior: float = 16.0
     n_ei_candidates: int = 24
+    random_share: float = 0.0
+    model_clip_quantile: float = 1.0
+    stall_patience: int = 0
+    local_niches: bool = False
 
     def __post_init__(self) -> None:
-        shares = (self.model_share, self.local_share)
+        shares = (self.model_share, self.local_share, self.random_share)
         if any(not 0.0 <= share <= 1.0 for share in shares) or sum(shares) > 1.0 + 1e-9:
-            raise ValueError("options: model_share and local_share must be in [0, 1] and sum to at most 1")
+            raise ValueError(
+                "options: model_share, local_share and random_share must be in [0, 1] and sum to at most 1"
+            )
+        if not 0.0 < self.model_clip_quantile <= 1.0 or self.stall_patience < 0:
+            raise ValueError("options: model_clip_quantile must be in (0, 1] and stall_patience >= 0")
         if self.n_startup < 0 or self.local_top < 1 or self.model_pair_bins < 0 or self.n_ei_candidates < 1:
             raise ValueError(
                 "options: n_startup >= 0, local_top >= 1, model_pair_bins >= 0, n_ei_candidates >= 1"
@@ -77,6 +96,17 @@ class TpeOptions:
             raise ValueError(
                 "options: model_temperature >= 0, model_pair_prior > 0 and model_trend_prior > 0"
             )
+
+    def shares(self, has_model: bool) -> dict[str, float]:
+        """The sources and their shares of the later asks (without a model, its share goes to TPE)."""
+        shares = {"model": self.model_share if has_model else 0.0, "local": self.local_share}
+        if self.random_share > 0:
+            shares["random"] = self.random_share
+        return {**shares, "tpe": 1.0 - sum(shares.values())}
+
+    def temperature_scale(self, since_improvement: int) -> float:
+        """How much hotter the model's draws are after ``since_improvement`` asks without a new best."""
+        return 1.0 + (since_improvement // self.stall_patience if self.stall_patience else 0)
 
 
 class Schedule:

@@ -23,6 +23,9 @@ from threadpoolctl import threadpool_limits
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.strategy import TpeOptions
 
+#: Successful measurements before the model clips its targets (``clip_quantile``).
+CLIP_MIN_MEASUREMENTS = 32
+
 
 class PairModel:
     """A Bayesian linear model of log time over knob values, pairs of values and trends.
@@ -51,11 +54,13 @@ class PairModel:
         trend_prior: float,
         temperature: float,
         seed: int | None,
+        clip_quantile: float = 1.0,
     ) -> None:
         """Settings as in :class:`~tiletune.tuner.strategy.TpeOptions` (``model_*``)."""
         keys_array = np.asarray(keys, dtype=np.int32).reshape(len(keys), len(enc.sizes))
         columns, width, main_width = self._columns(enc, keys_array, pair_bins)
         self._features = np.stack(columns, axis=1) if columns else np.zeros((len(keys), 0), np.int32)
+        self._columns_t = np.ascontiguousarray(self._features.T)
         self._trends = self._trend_columns(enc, keys_array)
         self._trend_start = width
         width += self._trends.shape[1]
@@ -65,6 +70,8 @@ class PairModel:
         self._xtx = np.zeros((width, width))
         self._xty = np.zeros(width)
         self._ys: list[float] = []
+        self._learned_rows: list[int] = []
+        self._clip_quantile = clip_quantile
         self._prior_scale = np.ones(width)
         self._prior_scale[main_width : self._trend_start] = pair_prior
         self._prior_scale[self._trend_start :] = trend_prior
@@ -86,6 +93,7 @@ class PairModel:
             trend_prior=options.model_trend_prior,
             temperature=options.model_temperature,
             seed=seed,
+            clip_quantile=options.model_clip_quantile,
         )
 
     @staticmethod
@@ -120,10 +128,18 @@ class PairModel:
 
     def _predict(self, weights: Any, rows: Any) -> Any:
         """Predicted log time (less the intercept) of the configs at ``rows`` under ``weights``."""
-        predicted = weights[self._features[rows]].sum(axis=1)
+        if rows.size * 4 < len(self._keys):  # a few rows: gather them
+            predicted = weights[self._features[rows]].sum(axis=1)
+            if self._trends.shape[1]:
+                predicted = predicted + self._trends[rows] @ weights[self._trend_start :]
+            return predicted
+        # Most rows: one gather per feature column over every row is several times faster.
+        predicted = np.zeros(len(self._keys))
+        for column in self._columns_t:
+            predicted += np.take(weights, column)
         if self._trends.shape[1]:
-            predicted = predicted + self._trends[rows] @ weights[self._trend_start :]
-        return predicted
+            predicted += self._trends @ weights[self._trend_start :]
+        return predicted[rows]
 
     def take(self, key: Key) -> None:
         """Never propose ``key`` (measured or outstanding)."""
@@ -144,14 +160,20 @@ class PairModel:
         self._xtx[np.ix_(features, features)] += np.outer(values, values)
         self._xty[features] += values * y
         self._ys.append(y)
+        self._learned_rows.append(row)
 
-    def propose(self) -> Key | None:
-        """Thompson sampling: the best unmeasured valid config under a posterior draw."""
+    def propose(self, temperature_scale: float = 1.0) -> Key | None:
+        """Thompson sampling: the best unmeasured valid config under a posterior draw.
+
+        ``temperature_scale`` multiplies the model's temperature for this draw
+        (above 1: explore further from what the posterior mean prefers).
+        """
         rows = np.flatnonzero(self._available)
         if rows.size == 0 or len(self._ys) < 2:
             return None
         mean, root = self._posterior()
-        weights = mean + self._temperature * (root @ self._rng.standard_normal(len(mean)))
+        noise = self._temperature * temperature_scale
+        weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))
         predicted = self._predict(weights, rows)
         return self._keys[int(rows[int(np.argmin(predicted))])]
 
@@ -176,13 +198,36 @@ class PairModel:
             self._fitted_at = count
         return self._fit
 
-    def _refit(self) -> tuple[Any, Any]:
+    def _targets(self) -> tuple[Any, Any]:
+        """The log times the model fits and their products with the features (``X^T y``).
+
+        With ``clip_quantile`` below 1, log times above that quantile of the
+        measured ones are clipped to it: the model then spends its weights on
+        ranking the fast configs rather than on how slow the slow ones are.
+        Not before ``CLIP_MIN_MEASUREMENTS``: a quantile of a handful says little,
+        and a small budget keeps the whole trend (time falling with tile size).
+        """
         ys = np.asarray(self._ys)
+        if self._clip_quantile >= 1.0 or ys.size < CLIP_MIN_MEASUREMENTS:
+            return ys, self._xty
+        ys = np.minimum(ys, np.quantile(ys, self._clip_quantile))
+        rows = np.asarray(self._learned_rows)
+        features = self._features[rows]
+        xty = np.bincount(
+            features.ravel(), weights=np.repeat(ys, features.shape[1]), minlength=self._xty.size
+        ).astype(float)
+        xty[0] += ys.sum()
+        if self._trends.shape[1]:
+            xty[self._trend_start :] += self._trends[rows].T @ ys
+        return ys, xty
+
+    def _refit(self) -> tuple[Any, Any]:
+        ys, xty = self._targets()
         prior_var = max(float(ys.var()), 1e-6) * self._prior_scale
         noise_var = float(prior_var[0]) / 4.0
         precision = self._xtx / noise_var + np.diag(1.0 / prior_var)
         precision[0, 0] = self._xtx[0, 0] / noise_var + 1e-9  # a flat prior on the intercept
-        rhs = (self._xty - float(ys.mean()) * self._xtx[0]) / noise_var
+        rhs = (xty - float(ys.mean()) * self._xtx[0]) / noise_var
         # One BLAS thread: the fit is small, and idle BLAS threads spinning on the
         # other cores would disturb the measurement that follows on a small machine.
         with threadpool_limits(limits=1, user_api="blas"):

@@ -1,0 +1,177 @@
+"""The ``tpe`` strategy's sources: random floor, clipped model, stall exploration, niches, warm starts."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import optuna
+import pytest
+
+from tiletune.tuner.encoding import Encoding, Key
+from tiletune.tuner.neighbourhood import LocalSearch
+from tiletune.tuner.record import Record
+from tiletune.tuner.search import Config, Search, SearchSpace, TpeOptions
+from tiletune.tuner.surrogate import CLIP_MIN_MEASUREMENTS, PairModel
+from tiletune.tuner.warm_start import interleave_seeds
+
+optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+KNOBS = {"tile": [1, 2, 4, 8, 16, 32], "buffers": [1, 2, 3, 4], "depth": [1, 2, 3]}
+
+
+def bowl_ms(config: Config) -> float:
+    return (
+        1.0 + (math.log2(config["tile"]) - 3) ** 2 + (config["buffers"] - 2) ** 2 + (config["depth"] - 2) ** 2
+    )
+
+
+def run(search: Search) -> list[Config]:
+    asked = []
+    while not search.done:
+        candidates = search.ask(1)
+        if not candidates:
+            break
+        for candidate in candidates:
+            asked.append(candidate.config)
+            search.tell(candidate.trial_id, bowl_ms(candidate.config))
+    return asked
+
+
+def model(enc: Encoding, clip_quantile: float = 1.0) -> PairModel:
+    keys = list(enc.all_keys())
+    return PairModel(
+        enc,
+        keys,
+        pair_bins=16,
+        pair_prior=0.5,
+        trend_prior=16.0,
+        temperature=0.35,
+        seed=3,
+        clip_quantile=clip_quantile,
+    )
+
+
+def test_random_share_takes_its_turns_from_the_tpe_sampler() -> None:
+    """With every share to the search's own sources, Optuna's TPE never proposes: each trial is enqueued."""
+    own = TpeOptions(model_share=0.4, local_share=0.4, random_share=0.2)
+    search = Search(SearchSpace(KNOBS, lambda config: None), seed=0, max_trials=40, options=own)
+    run(search)
+    assert all("fixed_params" in trial.system_attrs for trial in search.study.trials)
+    default = Search(SearchSpace(KNOBS, lambda config: None), seed=0, max_trials=40)
+    run(default)
+    assert not all("fixed_params" in trial.system_attrs for trial in default.study.trials)
+
+
+def test_a_random_share_keeps_the_contract_and_finds_the_optimum() -> None:
+    options = TpeOptions(
+        model_share=0.35,
+        local_share=0.35,
+        random_share=0.3,
+        local_niches=True,
+        stall_patience=5,
+        model_clip_quantile=0.5,
+    )
+    search = Search(SearchSpace(KNOBS, lambda config: None), seed=1, options=options)
+    asked = run(search)
+    assert len({tuple(c.values()) for c in asked}) == len(asked) == 72
+    assert search.best(1)[0][0] == {"tile": 8, "buffers": 2, "depth": 2}
+
+
+def test_options_reject_shares_over_one_and_bad_clip_or_patience() -> None:
+    with pytest.raises(ValueError, match="random_share"):
+        TpeOptions(model_share=0.5, local_share=0.4, random_share=0.2)
+    with pytest.raises(ValueError, match="model_clip_quantile"):
+        TpeOptions(model_clip_quantile=0.0)
+    with pytest.raises(ValueError, match="stall_patience"):
+        TpeOptions(stall_patience=-1)
+
+
+def test_a_clipped_model_ignores_how_slow_the_slow_configs_are() -> None:
+    """Clipped at the median, two runs that differ only above it fit, and so propose, the same."""
+    enc = Encoding(KNOBS)
+    keys = list(enc.all_keys())
+    measured = keys[::2]  # 36: enough for the clip (CLIP_MIN_MEASUREMENTS)
+    assert len(measured) >= CLIP_MIN_MEASUREMENTS
+    times = {key: bowl_ms(enc.config(key)) for key in measured}
+    cut = sorted(times.values())[len(times) // 2]
+    proposals = []
+    for slow_factor in (1.0, 1000.0):
+        clipped = model(enc, clip_quantile=0.25)
+        for key in measured:
+            time_ms = times[key]
+            clipped.add(key, time_ms * slow_factor if time_ms > cut else time_ms)
+        proposals.append([clipped.propose() for _ in range(5)])
+    assert proposals[0] == proposals[1]
+    unclipped = []
+    for slow_factor in (1.0, 1000.0):
+        plain = model(enc)
+        for key in measured:
+            time_ms = times[key]
+            plain.add(key, time_ms * slow_factor if time_ms > cut else time_ms)
+        unclipped.append([plain.propose() for _ in range(5)])
+    assert unclipped[0] != unclipped[1]  # without the clip the slow outliers move the fit
+
+
+def test_a_model_with_few_measurements_is_not_clipped() -> None:
+    enc = Encoding(KNOBS)
+    keys = list(enc.all_keys())
+    proposals = []
+    for clip in (1.0, 0.25):
+        fitted = model(enc, clip_quantile=clip)
+        for key in keys[: CLIP_MIN_MEASUREMENTS - 1]:
+            fitted.add(key, bowl_ms(enc.config(key)))
+        proposals.append([fitted.propose() for _ in range(5)])
+    assert proposals[0] == proposals[1]
+
+
+def test_a_draw_at_temperature_zero_is_the_posterior_means_choice() -> None:
+    enc = Encoding(KNOBS)
+    keys = list(enc.all_keys())
+    fitted = model(enc)
+    for key in keys[::4]:
+        fitted.add(key, bowl_ms(enc.config(key)))
+    available = [key for key in keys if key not in set(keys[::4])]
+    assert fitted.propose(temperature_scale=0.0) == fitted.most_promising(available)
+
+
+def test_the_record_keeps_the_best_of_each_niche() -> None:
+    record = Record(min_improvement=0.0)
+    record.add_time((0, 0), 5.0)
+    record.add_time((1, 0), 1.0)
+    record.add_time((0, 1), 3.0)
+    assert record.niche_best[(0, 0)][2] == (0, 1)  # knob 0 at value 0: (0, 1) beats (0, 0)
+    assert record.niche_best[(1, 0)][2] == (1, 0)
+    assert record.niche_bases() == [(1, 0), (0, 1)]  # fastest first, each key once
+
+
+def test_local_search_climbs_a_niche_once_the_best_basin_is_exhausted() -> None:
+    enc = Encoding({"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]})
+    best: Key = (0, 0)
+    exhausted = {best, *enc.neighbours(best)}
+    usable = lambda key: key not in exhausted  # noqa: E731
+    ranked = [(1.0, 1, best)]
+    assert LocalSearch(enc, top=1).propose(ranked, usable, None) is None
+    niche: Key = (3, 3)
+    proposed = LocalSearch(enc, top=1).propose(ranked, usable, None, niches=[niche])
+    assert proposed in set(enc.neighbours(niche))
+
+
+def test_warm_start_seeds_interleave_the_chips_best_first_without_repeats() -> None:
+    best = {
+        "a": [{"tile": 8}, {"tile": 16}, {"tile": 4}],
+        "b": [{"tile": 32}, {"tile": 8}],
+    }
+    assert interleave_seeds(best, 2) == [{"tile": 8}, {"tile": 32}, {"tile": 16}]
+    assert interleave_seeds(best, 0) == []
+    with pytest.raises(ValueError, match="per_chip"):
+        interleave_seeds(best, -1)
+
+
+def test_warm_start_seeds_are_measured_first() -> None:
+    seeds = interleave_seeds(
+        {"other": [{"tile": 8, "buffers": 2, "depth": 2}, {"tile": 4, "buffers": 1, "depth": 1}]}, 2
+    )
+    search = Search(SearchSpace(KNOBS, lambda config: None, seeds=tuple(seeds)), seed=0, max_trials=5)
+    assert run(search)[:2] == seeds
+    assert list(itertools.islice(search.history, 1)) == [1.0]
