@@ -20,7 +20,7 @@ naming the options); :class:`Schedule` is deterministic: each turn lists every
 source, the one with the most accumulated share first, so over many turns each
 source leads in proportion to its share.
 
-Imports the standard library only.
+Imports the standard library and the wire's vocabulary (``STRATEGIES``) only.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-STRATEGIES = ("tpe", "random", "grid")
+from tiletune.client.wire import STRATEGIES
+
+__all__ = ["STRATEGIES", "Schedule", "TpeOptions"]
 
 
 @dataclass(frozen=True)
