@@ -29,6 +29,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from tiletune.client.wire import (
+    LEASE_TOKEN_HEADER,
     AskPublic,
     CompleteCreate,
     ConfigBundle,
@@ -120,15 +121,19 @@ class Call(Generic[R]):
     params: Mapping[str, str | int] | None = None
     body: BaseModel | None = None
     timeout_s: float | None = None
+    headers: Mapping[str, str] | None = None
 
     def request_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` for this call."""
         kwargs: dict[str, Any] = {}
+        headers = dict(self.headers or {})
         if self.params is not None:
             kwargs["params"] = dict(self.params)
         if self.body is not None:
             kwargs["content"] = self.body.model_dump_json()
-            kwargs["headers"] = {"Content-Type": "application/json"}
+            headers["Content-Type"] = "application/json"
+        if headers:
+            kwargs["headers"] = headers
         if self.timeout_s is not None:
             kwargs["timeout"] = self.timeout_s
         return kwargs
@@ -228,32 +233,36 @@ def lease(worker_id: int) -> Call[LeasePublic | None]:
     return Call("POST", "/v1/leases", document_or_none(LeasePublic), body=LeaseCreate(worker_id=worker_id))
 
 
+def _lease(token: str) -> dict[str, str]:
+    return {LEASE_TOKEN_HEADER: token}
+
+
 def heartbeat(token: str) -> Call[LeasePublic]:
-    """``POST /v1/leases/{token}/heartbeat``."""
-    return Call("POST", f"/v1/leases/{token}/heartbeat", document(LeasePublic))
+    """``POST /v1/lease/heartbeat`` (the lease token in its header, never in the URL)."""
+    return Call("POST", "/v1/lease/heartbeat", document(LeasePublic), headers=_lease(token))
 
 
 def ask(token: str, n: int) -> Call[AskPublic]:
-    """``POST /v1/leases/{token}/ask?n=``."""
-    return Call("POST", f"/v1/leases/{token}/ask", document(AskPublic), params={"n": n})
+    """``POST /v1/lease/ask?n=``."""
+    return Call("POST", "/v1/lease/ask", document(AskPublic), params={"n": n}, headers=_lease(token))
 
 
 def tell(token: str, outcomes: Sequence[TrialOutcome]) -> Call[TellPublic]:
-    """``POST /v1/leases/{token}/tell``; idempotent per trial, so sending it again is safe."""
+    """``POST /v1/lease/tell``; idempotent per trial, so sending it again is safe."""
     body = TellCreate(outcomes=list(outcomes))
-    return Call("POST", f"/v1/leases/{token}/tell", document(TellPublic), body=body)
+    return Call("POST", "/v1/lease/tell", document(TellPublic), body=body, headers=_lease(token))
 
 
 def complete(token: str, results: Sequence[ValidatedConfig]) -> Call[None]:
-    """``POST /v1/leases/{token}/complete``."""
+    """``POST /v1/lease/complete``."""
     body = CompleteCreate(results=list(results))
-    return Call("POST", f"/v1/leases/{token}/complete", nothing, body=body)
+    return Call("POST", "/v1/lease/complete", nothing, body=body, headers=_lease(token))
 
 
 def release(token: str, reason: str, failed: bool) -> Call[None]:
-    """``POST /v1/leases/{token}/release``."""
+    """``POST /v1/lease/release``."""
     body = ReleaseCreate(reason=reason[:MAX_RELEASE_REASON], failed=failed)
-    return Call("POST", f"/v1/leases/{token}/release", nothing, body=body)
+    return Call("POST", "/v1/lease/release", nothing, body=body, headers=_lease(token))
 
 
 def create_token(request: TokenCreate) -> Call[TokenCreated]:

@@ -140,6 +140,9 @@ DTYPES = ("float32", "float16", "bfloat16")
 #: Device kinds a worker measures on (``auto``: the first one present of npu, cuda, cpu).
 DEVICE_KINDS = ("cpu", "cuda", "npu")
 
+#: The header that carries a lease's fencing token in the worker protocol's calls.
+LEASE_TOKEN_HEADER = "X-Lease-Token"
+
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
 

@@ -1,4 +1,9 @@
-"""The worker protocol over HTTP: ``/v1/workers`` and ``/v1/leases/{token}/...``.
+"""The worker protocol over HTTP: ``/v1/workers``, ``/v1/leases``, and each lease's calls.
+
+A lease's calls come twice: ``/v1/lease/{heartbeat,ask,tell,complete,release}`` with the lease
+token in the ``X-Lease-Token`` header (what workers of this release send: no secret in a URL,
+so none in an access log), and ``/v1/leases/{token}/...`` with it in the path (kept for workers
+of earlier releases).
 
 Every route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
 that registered its worker (403 otherwise). A 409 with code ``lease_lost`` answers any write
@@ -9,9 +14,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Response
+from fastapi import APIRouter, Header, Query, Response
 
 from tiletune.client.wire import (
+    LEASE_TOKEN_HEADER,
     MAX_ASK,
     AskPublic,
     CompleteCreate,
@@ -79,4 +85,58 @@ def complete(token: str, results: CompleteCreate, protocol: ProtocolDep, caller:
 @router.post("/leases/{token}/release")
 def release(token: str, request: ReleaseCreate, protocol: ProtocolDep, caller: WorkerDep) -> JobPublic:
     """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
+    return protocol.release(token, caller, request)
+
+
+# -- the same protocol with the lease token in a header (never in a URL, so never in a log) ---------
+
+LeaseToken = Annotated[
+    str,
+    Header(
+        alias=LEASE_TOKEN_HEADER,
+        min_length=1,
+        max_length=200,
+        description="the lease's fencing token, from POST /v1/leases",
+    ),
+]
+
+
+@router.post("/lease/heartbeat")
+def lease_heartbeat(token: LeaseToken, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic:
+    """Renew the lease named by the ``X-Lease-Token`` header (as ``/leases/{token}/heartbeat``)."""
+    return protocol.heartbeat(token, caller)
+
+
+@router.post("/lease/ask")
+def lease_ask(
+    token: LeaseToken,
+    protocol: ProtocolDep,
+    caller: WorkerDep,
+    n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1,
+) -> AskPublic:
+    """As ``/leases/{token}/ask``, the lease named by the ``X-Lease-Token`` header."""
+    return protocol.ask(token, caller, n)
+
+
+@router.post("/lease/tell")
+def lease_tell(
+    token: LeaseToken, outcomes: TellCreate, protocol: ProtocolDep, caller: WorkerDep
+) -> TellPublic:
+    """As ``/leases/{token}/tell``, the lease named by the ``X-Lease-Token`` header."""
+    return protocol.tell(token, caller, outcomes)
+
+
+@router.post("/lease/complete")
+def lease_complete(
+    token: LeaseToken, results: CompleteCreate, protocol: ProtocolDep, caller: WorkerDep
+) -> JobPublic:
+    """As ``/leases/{token}/complete``, the lease named by the ``X-Lease-Token`` header."""
+    return protocol.complete(token, caller, results)
+
+
+@router.post("/lease/release")
+def lease_release(
+    token: LeaseToken, request: ReleaseCreate, protocol: ProtocolDep, caller: WorkerDep
+) -> JobPublic:
+    """As ``/leases/{token}/release``, the lease named by the ``X-Lease-Token`` header."""
     return protocol.release(token, caller, request)

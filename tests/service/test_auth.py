@@ -42,6 +42,11 @@ POLICY: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/leases/{token}/tell"): Role.WORKER,
     ("POST", "/v1/leases/{token}/complete"): Role.WORKER,
     ("POST", "/v1/leases/{token}/release"): Role.WORKER,
+    ("POST", "/v1/lease/heartbeat"): Role.WORKER,
+    ("POST", "/v1/lease/ask"): Role.WORKER,
+    ("POST", "/v1/lease/tell"): Role.WORKER,
+    ("POST", "/v1/lease/complete"): Role.WORKER,
+    ("POST", "/v1/lease/release"): Role.WORKER,
     ("GET", "/v1/configs/{kernel}"): Role.READER,
     ("GET", "/v1/configs"): Role.READER,
     ("POST", "/v1/configs/import"): Role.ADMIN,
@@ -116,6 +121,8 @@ def request_of(world: World, method: str, path: str) -> tuple[str, dict[str, Any
         "/v1/configs/import": {"configs": []},
     }
     kwargs: dict[str, Any] = {}
+    if path.startswith("/v1/lease/"):
+        kwargs["headers"] = {"X-Lease-Token": world.lease_token}
     if method == "POST":
         if path.endswith("/tell"):
             kwargs["json"] = {"outcomes": [{"trial_id": 0, "error": "made up"}]}
@@ -154,7 +161,8 @@ def test_every_refusal_is_401_or_403_and_changes_nothing(world: World) -> None:
             if allowed(role, caller):
                 continue
             filled, kwargs = request_of(world, method, path)
-            response = world.client.request(method, filled, headers=world.headers(caller), **kwargs)
+            headers = {**kwargs.pop("headers", {}), **world.headers(caller)}
+            response = world.client.request(method, filled, headers=headers, **kwargs)
             expected = 401 if caller in ("anonymous", "bogus") else 403
             assert response.status_code == expected, (method, path, caller, response.text)
             assert response.json()["code"] == ("unauthorized" if expected == 401 else "forbidden")
