@@ -30,6 +30,8 @@ from typing import Any
 
 import httpx
 
+from tiletune.client.wire import BestConfigPublic, ConfigBundle
+
 CHIP_NAME = "cpu/Benchmark Chip/2c"
 CHIP = {"name": CHIP_NAME, "kind": "cpu", "local_memory_bytes": 1 << 20}
 LEVELS = (1, 16, 64)
@@ -38,6 +40,7 @@ LEVELS = (1, 16, 64)
 #: The admin token of the benchmark's server (a fresh one per run) and its request headers.
 BENCH_TOKEN = "tt_" + secrets.token_urlsafe(32)
 AUTH = {"Authorization": f"Bearer {BENCH_TOKEN}"}
+JSON = {"Content-Type": "application/json"}
 
 
 def free_port() -> int:
@@ -80,10 +83,14 @@ def fill(base: str, count: int) -> list[int]:
             "config": {"tile_size": 256, "buffer_num": 2, "pipeline_depth": 2},
             "median_ms": 1.0,
             "promoted_at": now,
+            "software": {"torch": "bench"},
         }
         for n in sizes
     ]
-    response = httpx.post(f"{base}/v1/configs/import", json={"configs": configs}, headers=AUTH, timeout=300)
+    bundle = ConfigBundle(configs=[BestConfigPublic.model_validate(c) for c in configs]).sealed()
+    response = httpx.post(
+        f"{base}/v1/configs/import", content=bundle.model_dump_json(), headers={**AUTH, **JSON}, timeout=300
+    )
     response.raise_for_status()
     return sizes
 

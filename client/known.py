@@ -70,7 +70,9 @@ class KnownConfigs:
 
     def bundle(self) -> ConfigBundle:
         """Everything known, as a bundle (for the disk cache and export)."""
-        return ConfigBundle(chip=self.chip, kernels=list(self.kernels.values()), configs=self.entries())
+        return ConfigBundle(
+            chip=self.chip, kernels=list(self.kernels.values()), configs=self.entries()
+        ).sealed()
 
     def exact(
         self, kernel: str, version: int, shape: Mapping[str, int], dtype: str

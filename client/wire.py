@@ -21,6 +21,8 @@ Imports pydantic and the standard library only (the client's install is tiny).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import unicodedata
 from datetime import datetime
 from enum import StrEnum
@@ -525,13 +527,28 @@ class KernelInfo(_Response):
 
 
 class ConfigBundle(_Response):
-    """Bulk export / import of best configs (one chip, optionally one kernel), with the kernels' info."""
+    """Bulk export / import of best configs (one chip, optionally one kernel), with the kernels' info.
+
+    ``checksum`` (:meth:`sealed`) is the SHA-256 of the entries in canonical JSON; a server
+    imports only a bundle whose checksum matches its entries.
+    """
 
     format: Literal["tiletune.configs/1"] = "tiletune.configs/1"
     exported_at: datetime | None = None
     chip: str | None = None
     kernels: list[KernelInfo] = Field(default_factory=list)
     configs: list[BestConfigPublic]
+    checksum: str | None = None
+
+    def content_checksum(self) -> str:
+        """The SHA-256 of the entries as canonical JSON (sorted keys, no spaces)."""
+        entries = [entry.model_dump(mode="json") for entry in self.configs]
+        text = json.dumps(entries, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def sealed(self) -> ConfigBundle:
+        """This bundle with its checksum set."""
+        return self.model_copy(update={"checksum": self.content_checksum()})
 
 
 class HistoryPoint(_Response):

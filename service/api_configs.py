@@ -63,7 +63,7 @@ def export_configs(chip: str, db: DatabaseDep, _reader: ReaderDep, kernel: str |
         chip=chip,
         kernels=[kernel_info(spec) for spec in specs],
         configs=entries,
-    )
+    ).sealed()
 
 
 @router.post("/v1/configs/import")
@@ -73,13 +73,13 @@ def import_configs(
     _admin: AdminDep,
     force: Annotated[bool, Query(description="also replace bests measured on this server")] = False,
 ) -> dict[str, int]:
-    """Store an exported bundle (admins): every entry is checked against its kernel and chip first.
+    """Store an exported bundle (admins): its checksum, then every entry against its kernel and chip.
 
     An entry replaces a key's best only if the key has none or it is faster, and a best measured
     on this server only with ``force``.
     """
     with db.write() as session:
-        changed = configs.import_configs(session, bundle.configs, db.clock(), force)
+        changed = configs.import_configs(session, bundle, db.clock(), force)
     return {"changed": changed}
 
 

@@ -4,22 +4,23 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
 
 - :func:`promote` replaces a key's best config, appends to its history, and marks the
   transaction as one that changes best configs (the generation moves after its commit);
-- :func:`import_configs` stores a bundle after checking every entry (:func:`checked_entry`:
-  the kernel exists at that version, the shape is complete and its key is the server's, the
-  dtype is known, the config lies in the kernel's space and is valid on the chip's limits,
-  the times are finite and positive): one bad entry refuses the bundle and nothing changes.
-  An entry replaces a key's best only when the key has none or the entry is faster, and a
-  best measured on this server (by a job) only with ``force``; it is recorded in the
-  history like a promotion (no job);
+- :func:`import_configs` stores a bundle whose checksum matches its entries, after checking
+  every entry (:func:`checked_entry`: the kernel exists at that version, the shape is
+  complete and its key is the server's, the dtype is known, the config lies in the kernel's
+  space and is valid on the chip's limits, the times are finite and positive, the software
+  it ran with is given): one bad entry refuses the bundle and nothing changes. An entry
+  replaces a key's best only when the key has none or the entry is faster, and a best
+  measured on this server (by a job) only with ``force``; it is recorded in the history
+  like a promotion (no job);
 - :func:`best_configs` is a chip's bulk export in one query; :func:`exact_public` one key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import json
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -28,7 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
-from tiletune.client.wire import MAX_MS, BestConfigPublic, HistoryPoint
+from tiletune.client.wire import MAX_MS, BestConfigPublic, ConfigBundle, HistoryPoint
 from tiletune.kernels import KernelSpec
 from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
@@ -147,6 +148,10 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
     invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
     if invalid is not None:
         raise InvalidInputError(f"the config is invalid on {chip.name}: {invalid}", f"{where}.config")
+    if not entry.software:
+        raise InvalidInputError(
+            "an entry needs its provenance: the software it was measured with", f"{where}.software"
+        )
     for name in ("median_ms", "default_ms"):
         value = getattr(entry, name)
         if value is not None and not (math.isfinite(value) and 0 < value <= MAX_MS):
@@ -164,11 +169,16 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
     return key, winner, chip
 
 
-def import_configs(
-    session: Session, configs: Sequence[BestConfigPublic], now: datetime, force: bool = False
-) -> int:
-    """Store checked exported best configs (see the module docstring); how many changed a key's best."""
-    checked = [(entry, *checked_entry(session, entry, index)) for index, entry in enumerate(configs)]
+def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force: bool = False) -> int:
+    """Store a checked bundle (see the module docstring); how many of its entries changed a key's best.
+
+    Every entry is checked first, then the bundle's checksum against its entries.
+    """
+    checked = [(entry, *checked_entry(session, entry, index)) for index, entry in enumerate(bundle.configs)]
+    if bundle.checksum is None or not hmac.compare_digest(bundle.checksum, bundle.content_checksum()):
+        raise InvalidInputError(
+            "the checksum is missing or does not match the entries (export again)", "checksum"
+        )
     changed = 0
     for entry, key, winner, chip in checked:
         best = best_row(session, key)

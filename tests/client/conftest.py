@@ -22,6 +22,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.bundles import sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.client.chip import software_fingerprint
 from tiletune.service.app import create_app
@@ -55,9 +56,7 @@ class LiveServer:
             "promoted_at": datetime.now(UTC).isoformat(),
             **fields,
         }
-        httpx.post(
-            f"{self.url}/v1/configs/import", json={"configs": [entry]}, headers=ADMIN
-        ).raise_for_status()
+        httpx.post(f"{self.url}/v1/configs/import", json=sealed(entry), headers=ADMIN).raise_for_status()
 
 
 def free_port() -> int:

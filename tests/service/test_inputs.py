@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.bundles import SOFTWARE, sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tests.service.conftest import snapshot
 from tiletune.service.app import create_app
@@ -47,6 +48,7 @@ def entry(**fields: Any) -> dict[str, Any]:
         "config": ADD,
         "median_ms": 1.0,
         "promoted_at": datetime.now(UTC).isoformat(),
+        "software": SOFTWARE,
         **fields,
     }
 
@@ -66,6 +68,7 @@ def assert_refused(response: Any, field: str) -> None:
 
 
 POISON = [
+    (entry(software={}), "configs[1].software"),
     (entry(kernel="no_such_kernel"), "configs[1].kernel"),
     (entry(kernel_version=99), "configs[1].kernel_version"),
     (entry(config={"block": -7, "evil_knob": 10**18}), "configs[1].config"),
@@ -85,10 +88,11 @@ def test_a_poisoned_import_is_refused_and_changes_nothing(
     client: tuple[TestClient, str], bad: dict[str, Any], field: str
 ) -> None:
     app, url = client
-    assert app.post("/v1/configs/import", json={"configs": [entry()]}).json() == {"changed": 1}
+    assert app.post("/v1/configs/import", json=sealed(entry())).json() == {"changed": 1}
     before = snapshot(url)
 
-    response = send_raw(app, "POST", "/v1/configs/import", {"configs": [entry(median_ms=0.5), bad]})
+    bundle = {"configs": [entry(median_ms=0.5), bad], "checksum": "0" * 64}  # entries are checked first
+    response = send_raw(app, "POST", "/v1/configs/import", bundle)
 
     assert_refused(response, field)
     assert snapshot(url) == before
@@ -98,7 +102,7 @@ def test_a_poisoned_import_is_refused_and_changes_nothing(
 
 def test_an_import_derives_the_key_itself(client: tuple[TestClient, str]) -> None:
     app, _ = client
-    assert app.post("/v1/configs/import", json={"configs": [entry(shape_key="n=1")]}).json() == {"changed": 1}
+    assert app.post("/v1/configs/import", json=sealed(entry(shape_key="n=1"))).json() == {"changed": 1}
     found = app.get("/v1/configs/add", params={"shape": "n=65536", "chip": CHIP["name"], "match": "exact"})
     assert found.status_code == 200
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.bundles import SOFTWARE, sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.kernels import all_kernels
 from tiletune.service.app import create_app
@@ -176,8 +177,9 @@ def test_a_key_already_tuned_is_not_queued(client: TestClient) -> None:
         "config": default["config"],
         "median_ms": 1.0,
         "promoted_at": "2026-01-01T00:00:00Z",
+        "software": SOFTWARE,
     }
-    imported = client.post("/v1/configs/import", json={"configs": [best]})
+    imported = client.post("/v1/configs/import", json=sealed(best))
     assert imported.json() == {"changed": 1}
     assert report(client, miss(count=THRESHOLD, match="nearest"))["queued_jobs"] == []
     assert jobs(client) == []

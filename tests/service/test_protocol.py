@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from tests.bundles import resealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
@@ -377,6 +378,9 @@ def test_configs_export_and_import_round_trip(client: TestClient) -> None:
     assert len(bundle["configs"]) == 1
     assert client.post("/v1/configs/import", json=bundle).json() == {"changed": 0}
     bundle["configs"][0]["median_ms"] /= 2
+    tampered = client.post("/v1/configs/import", json=bundle)
+    assert (tampered.status_code, tampered.json()["field"]) == (422, "checksum")
+    bundle = resealed(bundle)
     # A best measured here is replaced by an import only when the admin asks for it.
     assert client.post("/v1/configs/import", json=bundle).json() == {"changed": 0}
     assert client.post("/v1/configs/import", json=bundle, params={"force": True}).json() == {"changed": 1}
