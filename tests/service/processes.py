@@ -35,7 +35,8 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -149,6 +150,20 @@ def start_server(
         kill(process)
         raise
     return ServerProcess(url=url, port=port, db_url=db_url, process=process, log_path=log_path)
+
+
+@contextmanager
+def serving_this_chip(folder: Path) -> Iterator[ServerProcess]:
+    """A ``tiletune server`` in ``folder`` with this machine's CPU chip registered, stopped after."""
+    from tiletune.tuner.worker import Worker
+
+    process = start_server(folder)
+    try:
+        with httpx.Client(base_url=process.url, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}) as http:
+            Worker(http, backend="cpu", name="test-registration").register()
+        yield process
+    finally:
+        stop(process.process)
 
 
 def start_worker(

@@ -13,14 +13,11 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.credentials import ADMIN
 from tiletune.client.chip import cpu_chip_name
-from tiletune.tuner.worker import Worker
 
-from .processes import ServerProcess, environment, start_server, stop
+from .processes import ServerProcess, environment, serving_this_chip
 
 ROOT = Path(__file__).resolve().parents[2]
 #: Building the wheel and installing it with its two dependencies (from the package index).
@@ -62,13 +59,8 @@ def base_install(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    process = start_server(tmp_path_factory.mktemp("base-install-server"))
-    try:
-        with httpx.Client(base_url=process.url, headers=ADMIN) as http:
-            Worker(http, backend="cpu", name="test-registration").register()
+    with serving_this_chip(tmp_path_factory.mktemp("base-install-server")) as process:
         yield process
-    finally:
-        stop(process.process)
 
 
 def run(script: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.credentials import ADMIN, ADMIN_TOKEN
+from tests.credentials import ADMIN_TOKEN
 from tests.service.processes import (
     FAST_LEASES,
     START_TIMEOUT_S,
@@ -30,6 +30,7 @@ from tests.service.processes import (
     kill,
     log_tail,
     run_cli,
+    serving_this_chip,
     spawn,
     start_server,
     start_worker,
@@ -42,7 +43,6 @@ from tiletune.kernels.device import get_device
 from tiletune.kernels.spec import parse_dims
 from tiletune.service.cli import main
 from tiletune.service.cli.options import service_api
-from tiletune.tuner.worker import Worker
 
 CHIP = get_device("cpu").chip.name
 #: Sweeps of the quick tests target a chip no worker has, so their jobs stay queued.
@@ -52,13 +52,8 @@ IDLE_CHIP = "test/idle-chip"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     """One ``tiletune server`` for the quick tests, with this machine's CPU chip registered."""
-    process = start_server(tmp_path_factory.mktemp("cli-server"))
-    try:
-        with httpx.Client(base_url=process.url, headers=ADMIN) as http:
-            Worker(http, backend="cpu", name="test-registration").register()
+    with serving_this_chip(tmp_path_factory.mktemp("cli-server")) as process:
         yield process
-    finally:
-        stop(process.process)
 
 
 @pytest.fixture(autouse=True)
