@@ -36,8 +36,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 MAX_DB_INT = 2**63 - 1
 #: The largest dim or knob value (2^40: far beyond any tensor a chip holds).
 MAX_DIM = 2**40
-#: The most milliseconds a measurement may report (about 11.6 days).
+#: The most milliseconds a measurement may report (about 11.6 days), and the fewest (1 ns: no
+#: timer resolves less, so a smaller time is made up).
 MAX_MS = 1e9
+MIN_MS = 1e-6
 
 
 def _clean_text(text: str) -> str:
@@ -55,7 +57,7 @@ DbId = Annotated[int, Strict(), Field(ge=1, le=MAX_DB_INT)]
 #: A search seed (NumPy's and Optuna's range).
 Seed = Annotated[int, Strict(), Field(ge=0, lt=2**32)]
 #: A time in milliseconds: finite and positive.
-Millis = Annotated[float, Field(gt=0, le=MAX_MS, allow_inf_nan=False)]
+Millis = Annotated[float, Field(ge=MIN_MS, le=MAX_MS, allow_inf_nan=False)]
 #: A name (chip, worker, sweep, software): printable text of 1 to 200 characters.
 Name = Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_clean_text)]
 #: A free-text reason or message: printable, at most 2,000 characters.

@@ -1,21 +1,30 @@
 """tiletune.kernels: tunable kernel specs, their implementations, and devices.
 
-Owns the kernel spec contract (``spec``), the built-in kernels (``add``,
-``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``), the tiled
-pipeline executor their portable PyTorch implementations share (``pipeline``),
-their Triton versions (``triton_*``: ``triton_spec`` holds what they share,
-``triton_kernels`` the ``@triton.jit`` kernels, loaded on first run),
-the kernel registry with its plugin entry points (``registry``), devices
-(``device``: chip identity, limits, timers), the launch helper (``launch``:
-run a kernel under the config a client gives for the call's shape), and what the
-kernels hand a runtime client (``defaults``: their default rule and versions).
+Modules:
 
-Imports torch; triton and torch_npu only lazily. Of tiletune.client it imports
-``tiletune.client.chip`` (chip names and the software fingerprint, shared with
-runtime clients so both name chips alike), ``tiletune.client.wire`` (the
-vocabularies and the shape text format) and ``ClientSettings`` (for
-``client_settings``); never tiletune.tuner, tiletune.service or other client
-internals.
+- ``spec``: the kernel spec contract (dims, knobs, constraints, default rule, reference, inputs,
+  flop and byte counts) every tunable kernel implements;
+- ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``: the built-in kernels and
+  their portable PyTorch implementations (Ascend-C-shaped staging through ``pipeline``);
+- ``pipeline``: the tiled pipeline executor the portable implementations share;
+- ``native_spec`` and ``native_*``: the native CPU implementations (C++ in ``csrc``, tiles over
+  ``block_dim`` cores, copy-in / compute / copy-out through ``buffer_num`` local buffers);
+  ``native_build``: building the extension (``make setup``) and loading it, never on import;
+- ``triton_spec``, ``triton_*``: the Triton implementations (``triton_kernels``: the
+  ``@triton.jit`` kernels, loaded on first run);
+- ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
+- ``registry``: the built-in kernels and the plugins' entry points;
+- ``device``: devices: chip identity, limits, timers;
+- ``launcher``: ``launch``: run a kernel under the config a client gives for the call's shape;
+- ``defaults``: what the kernels hand a runtime client (``client_settings``: their default rule
+  and versions);
+- ``errors``: input errors naming the field.
+
+Imports torch; triton, torch_npu and the native extension only lazily. Of tiletune.client it
+imports ``tiletune.client.chip`` (chip names and the software fingerprint, shared with runtime
+clients so both name chips alike), ``tiletune.client.wire`` (the vocabularies and the shape
+text format) and ``ClientSettings`` (for ``client_settings``); never tiletune.tuner,
+tiletune.service or other client internals.
 """
 
 from tiletune.kernels.defaults import client_settings

@@ -29,7 +29,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
-from tiletune.client.wire import MAX_MS, BestConfigPublic, ConfigBundle, HistoryPoint
+from tiletune.client.wire import MAX_MS, MIN_MS, BestConfigPublic, ConfigBundle, HistoryPoint
 from tiletune.kernels import KernelSpec
 from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
@@ -154,9 +154,9 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
         )
     for name in ("median_ms", "default_ms"):
         value = getattr(entry, name)
-        if value is not None and not (math.isfinite(value) and 0 < value <= MAX_MS):
+        if value is not None and not (math.isfinite(value) and MIN_MS <= value <= MAX_MS):
             raise InvalidInputError(
-                f"must be a finite positive time of at most {MAX_MS:g} ms", f"{where}.{name}"
+                f"must be a finite time from {MIN_MS:g} to {MAX_MS:g} ms", f"{where}.{name}"
             )
     default = None
     if entry.default_config is not None:

@@ -6,7 +6,8 @@ libraries are imported by the handlers that need them, when they run):
 - ``main``: the parser and the one map from exceptions to exit statuses (the entry point);
 - ``options``: exit statuses, the exit-1 error, the options and server access the commands share;
 - ``local``: ``kernels``, ``tune``, ``bench`` (no server);
-- ``serve``: ``server``, ``worker``, ``up`` (the processes of the service);
+- ``serve``: ``server``, ``worker`` (the processes of the service) and what ``up`` shares;
+- ``up``: the embedded all-in-one (SQLite, server and worker in one process);
 - ``remote``: ``submit``, ``lookup`` (talking to a server);
 - ``tokens``: ``token create|list|revoke`` (an admin's);
 - ``sweepfile``: a sweep from a FILE or from flags;

@@ -1,7 +1,8 @@
 """The ``tiletune`` command: one parser, one map from what a command raised to its exit status.
 
 The commands live beside this module: :mod:`~tiletune.service.cli.local` (``kernels``,
-``tune``, ``bench``), :mod:`~tiletune.service.cli.serve` (``server``, ``worker``, ``up``) and
+``tune``, ``bench``), :mod:`~tiletune.service.cli.serve` (``server``, ``worker``),
+:mod:`~tiletune.service.cli.up` (``up``),
 :mod:`~tiletune.service.cli.remote` (``submit``, ``lookup``), :mod:`~tiletune.service.cli.tokens`
 (``token create|list|revoke``). Building the parser imports
 none of torch, Optuna or the server's libraries, so ``tiletune --help``, ``--version``,
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 
 from tiletune.client.calls import ServerRefusedError, ServerUnreachableError, UnexpectedAnswerError
 from tiletune.client.chip import package_version
-from tiletune.service.cli import local, remote, serve, tokens
+from tiletune.service.cli import local, remote, serve, tokens, up
 from tiletune.service.cli.options import (
     EXIT_BAD_INPUT,
     EXIT_FAILURE,
@@ -45,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     local.add_parsers(commands)
     serve.add_worker_parser(commands)
-    serve.add_server_parsers(commands)
+    serve.add_server_parser(commands)
+    up.add_up_parser(commands)
     remote.add_submit_parser(commands)
     remote.add_lookup_parser(commands)
     tokens.add_token_parser(commands)

@@ -77,6 +77,7 @@ POISON = [
     (entry(dtype="float64"), "configs[1].dtype"),
     (entry(median_ms=-1.0), "configs[1].median_ms"),
     (entry(median_ms=0.0), "configs[1].median_ms"),
+    (entry(median_ms=1e-9), "configs[1].median_ms"),
     (entry(median_ms=float("-inf")), "configs[1].median_ms"),
     (entry(median_ms=float("nan")), "configs[1].median_ms"),
     (entry(default_ms=float("inf")), "configs[1].default_ms"),
@@ -272,3 +273,23 @@ def test_no_lease_token_reaches_a_log_line() -> None:
     path = "/v1/leases/Zx9-secret_token/ask?n=2"
     assert redacted(f"POST {path} 200") == "POST /v1/leases/***/ask?n=2 200"
     assert "secret" not in str(ServerRefusedError(path, 409, None, "gone"))
+
+
+def test_a_told_time_that_is_not_a_time_is_refused(client: tuple[TestClient, str]) -> None:
+    app, url = client
+    worker = app.post("/v1/workers", json={"name": "w2", "chip": CHIP, "backends": ["torch"]}).json()["id"]
+    assert (
+        app.post("/v1/sweeps", json={"kernel": "add", "shapes": [{"n": 4096}], "trials": 3}).status_code
+        == 201
+    )
+    lease = app.post("/v1/leases", json={"worker_id": worker}).json()
+    headers = {**JSON, "X-Lease-Token": lease["token"]}
+    task = app.post("/v1/lease/ask", headers=headers).json()["tasks"][0]
+    before = snapshot(url)
+    for median, field in [(float("nan"), "median_ms"), (float("inf"), "median_ms"), (1e-9, "median_ms")]:
+        timing = {"median_ms": median, "p10_ms": 1.0, "p90_ms": 1.0, "min_ms": 1.0, "samples": 3}
+        told = {"outcomes": [{"trial_id": task["trial_id"], "measurement": timing}]}
+        assert_refused(app.post("/v1/lease/tell", content=json.dumps(told), headers=headers), field)
+    huge = {"outcomes": [{"trial_id": HUGE, "error": "made up"}]}
+    assert_refused(app.post("/v1/lease/tell", content=json.dumps(huge), headers=headers), "trial_id")
+    assert snapshot(url) == before
