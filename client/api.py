@@ -265,7 +265,8 @@ class AsyncServiceApi:
     """:class:`ServiceApi`'s twin over an ``httpx.AsyncClient`` (one attempt per call).
 
     Has the calls an asyncio program makes at run time (lookups, the bulk export, miss
-    reports, sweeps); :meth:`send` sends any other :class:`~tiletune.client.calls.Call`.
+    reports); :meth:`send` sends any other :class:`~tiletune.client.calls.Call` (e.g.
+    ``await api.send(calls.sweep(7))``).
     """
 
     def __init__(
@@ -302,14 +303,6 @@ class AsyncServiceApi:
                 f"cannot reach the server at {self.url} ({type(error).__name__}: {error})"
             ) from None
         return call.decode(checked(call.path, response))
-
-    async def submit(self, sweep: SweepCreate) -> SweepPublic:
-        """``POST /v1/sweeps``."""
-        return await self.send(calls.submit(sweep))
-
-    async def sweep(self, sweep_id: int) -> SweepPublic:
-        """``GET /v1/sweeps/{id}``."""
-        return await self.send(calls.sweep(sweep_id))
 
     async def lookup(
         self, kernel: str, *, shape: str, dtype: str, chip: str, match: str, timeout_s: float | None = None

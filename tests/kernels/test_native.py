@@ -17,33 +17,13 @@ from tiletune.kernels.device import CpuDevice, cpu_chip
 from tiletune.kernels.native_build import native_status
 from tiletune.kernels.native_spec import NATIVE_BACKEND, NativeSpec, all_cores, preferred_backend
 from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, builtin_kernels
-from tiletune.kernels.spec import KernelSpec, Shape
+from tiletune.kernels.spec import Shape
 from tiletune.tuner.bench import KernelBench
 
-CPU = torch.device("cpu")
+from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
+
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
-
-#: Shapes no tile divides evenly (and a few that some tiles do), per portable kernel name.
-SHAPES: dict[str, list[Shape]] = {
-    "add": [{"n": 1}, {"n": 1000}, {"n": 4099}],
-    "softmax": [{"rows": 1, "cols": 1}, {"rows": 37, "cols": 300}, {"rows": 5, "cols": 1000}],
-    "rms_norm": [{"rows": 3, "cols": 7}, {"rows": 37, "cols": 300}, {"rows": 6, "cols": 1000}],
-    "matmul": [{"m": 1, "n": 1, "k": 1}, {"m": 37, "n": 100, "k": 300}, {"m": 64, "n": 64, "k": 64}],
-    "fused_attention": [
-        {"batch": 1, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 4, "causal": 1},
-        {"batch": 2, "heads": 3, "seq_q": 37, "seq_kv": 50, "head_dim": 16, "causal": 1},
-        {"batch": 1, "heads": 2, "seq_q": 100, "seq_kv": 33, "head_dim": 8, "causal": 1},
-        {"batch": 1, "heads": 2, "seq_q": 70, "seq_kv": 130, "head_dim": 32, "causal": 0},
-    ],
-}
-DIM_BOUNDS: dict[str, dict[str, int]] = {
-    "add": {"n": 5000},
-    "softmax": {"rows": 40, "cols": 300},
-    "rms_norm": {"rows": 40, "cols": 300},
-    "matmul": {"m": 80, "n": 80, "k": 200},
-    "fused_attention": {"batch": 2, "heads": 3, "seq_q": 80, "seq_kv": 80, "head_dim": 16, "causal": 1},
-}
 
 
 @pytest.fixture(autouse=True)
@@ -58,22 +38,6 @@ def native(name: str) -> NativeSpec:
     spec = KERNELS[f"native_{name}"]
     assert isinstance(spec, NativeSpec)
     return spec
-
-
-def assert_matches_reference(
-    spec: KernelSpec, shape: Shape, dtype: str, configs: list[dict[str, int]]
-) -> None:
-    inputs = spec.make_inputs(shape, dtype, CPU, seed=5)
-    expected = spec.reference(inputs, shape)
-    tolerance = spec.tolerance(dtype)
-    for config in configs:
-        actual = spec.run(inputs, config, shape, NATIVE_BACKEND)
-        assert actual.dtype == inputs[0].dtype, config
-        assert actual.shape == expected.shape, config
-        try:
-            torch.testing.assert_close(actual.float(), expected, atol=tolerance.atol, rtol=tolerance.rtol)
-        except AssertionError as error:
-            raise AssertionError(f"{spec.name} {shape} {dtype} {config}: {error}") from None
 
 
 def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
@@ -102,7 +66,7 @@ def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -
         space = spec.space(shape, "float32", LIMITS)
         assert space, shape
         sample = [*rng.sample(space, min(12, len(space))), spec.default_config(shape, "float32", LIMITS)]
-        assert_matches_reference(spec, shape, "float32", sample)
+        assert_matches_reference(spec, shape, "float32", sample, backend=NATIVE_BACKEND, seed=5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -112,7 +76,9 @@ def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> Non
     rng = random.Random(f"{name}/{dtype}")
     for shape in SHAPES[name]:
         space = spec.space(shape, dtype, LIMITS)
-        assert_matches_reference(spec, shape, dtype, rng.sample(space, min(4, len(space))))
+        assert_matches_reference(
+            spec, shape, dtype, rng.sample(space, min(4, len(space))), backend=NATIVE_BACKEND, seed=5
+        )
 
 
 @st.composite
@@ -134,7 +100,7 @@ def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
     @given(shape_and_config(name))
     def check(case: tuple[Shape, dict[str, int]]) -> None:
         shape, config = case
-        assert_matches_reference(native(name), shape, "float32", [config])
+        assert_matches_reference(native(name), shape, "float32", [config], backend=NATIVE_BACKEND, seed=5)
 
     check()
 

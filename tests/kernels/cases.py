@@ -1,0 +1,56 @@
+"""What the kernel tests share: shapes the tiles do not divide, bounds of random shapes, the check."""
+
+from __future__ import annotations
+
+import torch
+
+from tiletune.kernels.spec import KernelSpec, Shape
+
+CPU = torch.device("cpu")
+
+#: Shapes per portable kernel that no tile divides evenly (and a few that some tiles do).
+SHAPES: dict[str, list[Shape]] = {
+    "add": [{"n": 1}, {"n": 1000}, {"n": 4099}],
+    "softmax": [{"rows": 1, "cols": 1}, {"rows": 37, "cols": 300}, {"rows": 5, "cols": 1000}],
+    "rms_norm": [{"rows": 3, "cols": 7}, {"rows": 37, "cols": 300}, {"rows": 6, "cols": 1000}],
+    "matmul": [{"m": 1, "n": 1, "k": 1}, {"m": 37, "n": 100, "k": 300}, {"m": 64, "n": 64, "k": 64}],
+    "fused_attention": [
+        {"batch": 1, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 4, "causal": 1},
+        {"batch": 2, "heads": 3, "seq_q": 37, "seq_kv": 50, "head_dim": 16, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 100, "seq_kv": 33, "head_dim": 8, "causal": 1},
+        {"batch": 1, "heads": 2, "seq_q": 70, "seq_kv": 130, "head_dim": 32, "causal": 0},
+    ],
+}
+#: Upper bounds of each dim for random shapes in the property tests.
+DIM_BOUNDS: dict[str, dict[str, int]] = {
+    "add": {"n": 5000},
+    "softmax": {"rows": 40, "cols": 300},
+    "rms_norm": {"rows": 40, "cols": 300},
+    "matmul": {"m": 80, "n": 80, "k": 200},
+    "fused_attention": {"batch": 2, "heads": 3, "seq_q": 80, "seq_kv": 80, "head_dim": 16, "causal": 1},
+}
+
+
+def assert_matches_reference(
+    spec: KernelSpec,
+    shape: Shape,
+    dtype: str,
+    configs: list[dict[str, int]],
+    *,
+    backend: str = "torch",
+    seed: int = 3,
+) -> None:
+    """Each config's output on ``backend`` is the reference's, within the dtype's tolerance."""
+    inputs = spec.make_inputs(shape, dtype, CPU, seed=seed)
+    expected = spec.reference(inputs, shape)
+    tolerance = spec.tolerance(dtype)
+    for config in configs:
+        actual = (
+            spec.run(inputs, config, shape) if backend is None else spec.run(inputs, config, shape, backend)
+        )
+        assert actual.dtype == inputs[0].dtype, config
+        assert actual.shape == expected.shape, config
+        try:
+            torch.testing.assert_close(actual.float(), expected, atol=tolerance.atol, rtol=tolerance.rtol)
+        except AssertionError as error:
+            raise AssertionError(f"{spec.name} {shape} {dtype} {config}: {error}") from None
