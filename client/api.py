@@ -244,9 +244,9 @@ class ServiceApi:
         """``POST /v1/leases/{token}/heartbeat``."""
         return self.send(calls.heartbeat(token), attempts)
 
-    def ask(self, token: str, n: int) -> AskPublic:
-        """``POST /v1/leases/{token}/ask?n=``."""
-        return self.send(calls.ask(token, n))
+    def ask(self, token: str, n: int, holding: Sequence[int] = ()) -> AskPublic:
+        """``POST /v1/lease/ask?n=&holding=`` (see :func:`calls.ask`)."""
+        return self.send(calls.ask(token, n, holding))
 
     def tell(self, token: str, outcomes: Sequence[TrialOutcome]) -> TellPublic:
         """``POST /v1/leases/{token}/tell``; idempotent, so retrying is safe."""

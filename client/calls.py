@@ -118,7 +118,7 @@ class Call(Generic[R]):
     method: str
     path: str
     decode: Callable[[httpx.Response], R]
-    params: Mapping[str, str | int] | None = None
+    params: Mapping[str, str | int | list[int]] | None = None
     body: BaseModel | None = None
     timeout_s: float | None = None
     headers: Mapping[str, str] | None = None
@@ -242,9 +242,10 @@ def heartbeat(token: str) -> Call[LeasePublic]:
     return Call("POST", "/v1/lease/heartbeat", document(LeasePublic), headers=_lease(token))
 
 
-def ask(token: str, n: int) -> Call[AskPublic]:
-    """``POST /v1/lease/ask?n=``."""
-    return Call("POST", "/v1/lease/ask", document(AskPublic), params={"n": n}, headers=_lease(token))
+def ask(token: str, n: int, holding: Sequence[int] = ()) -> Call[AskPublic]:
+    """``POST /v1/lease/ask?n=&holding=``: idempotent; the trials not in ``holding`` come back first."""
+    params: dict[str, int | list[int]] = {"n": n, "holding": list(holding)} if holding else {"n": n}
+    return Call("POST", "/v1/lease/ask", document(AskPublic), params=params, headers=_lease(token))
 
 
 def tell(token: str, outcomes: Sequence[TrialOutcome]) -> Call[TellPublic]:

@@ -149,6 +149,8 @@ LEASE_TOKEN_HEADER = "X-Lease-Token"
 
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
+#: The most trial ids an ``ask`` may say it is holding (a batch measured, a batch asked ahead).
+MAX_HOLDING = 2 * MAX_ASK
 
 #: A job's chip target that any chip may take (the job binds to the first chip that leases it).
 ANY_CHIP = "*"

@@ -18,7 +18,7 @@ Nothing imports it but its own entry points. Modules:
   promotion, import/export, history, nearest), ``queue`` (leases), ``views`` (rows → public);
 - operations (open a transaction): ``protocol`` (the worker protocol, reaping, cancelling),
   ``lookup`` (single-key lookup and its cache), ``misses`` (demand-driven tuning);
-- ``studies``: one Optuna study per job, kept apart from our tables;
+- ``searches``: each running job's search in memory, rebuilt from its trials (their one record);
 - ``specs``: requests checked against the kernels' specs; ``errors``: errors with a code;
 - ``cli``: the ``tiletune`` command (its own package; see its docstring).
 """

@@ -15,10 +15,13 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
+from pydantic import Field
 
 from tiletune.client.wire import (
     LEASE_TOKEN_HEADER,
     MAX_ASK,
+    MAX_DB_INT,
+    MAX_HOLDING,
     AskPublic,
     CompleteCreate,
     JobPublic,
@@ -62,12 +65,29 @@ def heartbeat(token: str, protocol: ProtocolDep, caller: WorkerDep) -> LeasePubl
     return protocol.heartbeat(token, caller)
 
 
+AskCount = Annotated[int, Query(ge=1, le=MAX_ASK, description="the most configs to hand out")]
+Holding = Annotated[
+    list[Annotated[int, Field(ge=0, le=MAX_DB_INT)]],
+    Query(
+        max_length=MAX_HOLDING,
+        description="trial ids the worker has in hand; the lease's other outstanding trials come first",
+    ),
+]
+
+
 @router.post("/leases/{token}/ask")
 def ask(
-    token: str, protocol: ProtocolDep, caller: WorkerDep, n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1
+    token: str,
+    protocol: ProtocolDep,
+    caller: WorkerDep,
+    n: AskCount = 1,
+    holding: Holding = [],  # noqa: B006
 ) -> AskPublic:
-    """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``."""
-    return protocol.ask(token, caller, n)
+    """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``.
+
+    Idempotent: the lease's outstanding trials that are not in ``holding`` are answered first.
+    """
+    return protocol.ask(token, caller, n, holding)
 
 
 @router.post("/leases/{token}/tell")
@@ -112,10 +132,11 @@ def lease_ask(
     token: LeaseToken,
     protocol: ProtocolDep,
     caller: WorkerDep,
-    n: Annotated[int, Query(ge=1, le=MAX_ASK)] = 1,
+    n: AskCount = 1,
+    holding: Holding = [],  # noqa: B006 (FastAPI copies defaults per request)
 ) -> AskPublic:
     """As ``/leases/{token}/ask``, the lease named by the ``X-Lease-Token`` header."""
-    return protocol.ask(token, caller, n)
+    return protocol.ask(token, caller, n, holding)
 
 
 @router.post("/lease/tell")

@@ -36,8 +36,8 @@ from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
+from tiletune.service.searches import SearchHost
 from tiletune.service.settings import Settings
-from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
 
 log = logging.getLogger(__name__)
 
@@ -86,8 +86,6 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         db,
         LeaseSettings(settings.lease_s, settings.heartbeat_s, settings.max_lease_failures),
     )
-    optuna_url = optuna_storage_url(settings.db_url, settings.optuna_url)
-    studies = StudyHost(make_storage(optuna_url), shared=not is_sqlite(settings.db_url))
     misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
     tokens = Tokens(db)
     if settings.admin_token is not None and settings.admin_token.get_secret_value():
@@ -96,7 +94,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         settings,
         db,
         queue,
-        WorkerProtocol(db, queue, studies, settings.workers_create_chips),
+        WorkerProtocol(db, queue, SearchHost(), settings.workers_create_chips),
         LookupCache(settings.lookup_cache_s),
         misses,
         tokens,

@@ -170,6 +170,9 @@ class JobRow(Base):
     active_leases: Mapped[int] = mapped_column(Integer, default=0)
     validator_lease_id: Mapped[int | None] = mapped_column(Integer)
     lease_failures: Mapped[int] = mapped_column(Integer, default=0)
+    #: Moves with every change of the job's search trials (ask, tell, abandon): a replica's
+    #: in-memory search of the job is current exactly when it was built at this number.
+    search_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     failure_reasons: Mapped[list[str]]
     default_config: Mapped[JsonDict | None]
     completed: Mapped[int] = mapped_column(Integer, default=0)

@@ -1,23 +1,32 @@
 """The worker protocol: register, lease, heartbeat, ask, tell, complete, release; reaping, cancelling.
 
-Ties the queue (leases), the searches (one Optuna study per job) and the repositories
+Ties the queue (leases), the searches (one per job, in memory) and the repositories
 together; each operation is one transaction (:meth:`Database.write`). Guarantees:
 
 - every write under a lease is fenced by its token
   (:class:`~tiletune.service.errors.LeaseLostError` and nothing changed otherwise);
-- ``ask`` hands out new valid configs as trials (rows ``asked``); when the search is done
-  it hands one lease the final validation (:func:`tiletune.tuner.finalists.finalists`: the
-  top configs, the default and the key's current best), to be measured interleaved;
+- ``ask`` is idempotent per lease: the trials the lease holds and the worker does not say it
+  is ``holding`` come back first (a lost answer is asked again), then new valid configs as
+  trials (rows ``asked``); when the search is done it hands one lease the final validation
+  (:func:`tiletune.tuner.finalists.finalists`: the top configs, the default and the key's
+  current best), to be measured interleaved;
 - ``tell`` is idempotent per trial: a repeated outcome is counted once;
 - ``complete`` promotes the fastest validated config only when it beats the key's current
   best in that same run (:func:`tiletune.tuner.finalists.judge`), then ends the job;
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
-  they are failed in the study and asked again.
+  they are asked again. Only trials under live leases are held: a trial left ``asked`` under
+  a lease that is over (a crash between the reaper's commit and the abandon step) is
+  abandoned when the job's search is next rebuilt, and before any ``wait`` is answered.
+
+The trials table is the one record of each job's search; the searches in memory are rebuilt
+from it (:mod:`tiletune.service.searches`).
 
 Job states change only through :mod:`tiletune.service.lifecycle`.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
@@ -51,9 +60,15 @@ from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostE
 from tiletune.service.lifecycle import Event
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
+from tiletune.service.searches import SearchHost
 from tiletune.service.specs import lookup_kernel
-from tiletune.service.studies import StudyHost
-from tiletune.service.trials import asked_trial, record_outcome, validation_rows
+from tiletune.service.trials import (
+    asked_again,
+    asked_trial,
+    asked_under_leases_over,
+    record_outcome,
+    validation_rows,
+)
 from tiletune.service.views import job_public, worker_public
 from tiletune.tuner.finalists import finalists, judge
 from tiletune.tuner.search import Search
@@ -66,11 +81,11 @@ class WorkerProtocol:
     """The worker protocol over the database, the queue and the jobs' searches."""
 
     def __init__(
-        self, db: Database, queue: JobQueue, studies: StudyHost, workers_create_chips: bool = True
+        self, db: Database, queue: JobQueue, searches: SearchHost, workers_create_chips: bool = True
     ) -> None:
         self.db = db
         self.queue = queue
-        self.studies = studies
+        self.searches = searches
         self.workers_create_chips = workers_create_chips
 
     # -- workers and leases -----------------------------------------------------------------
@@ -133,12 +148,16 @@ class WorkerProtocol:
 
     # -- ask --------------------------------------------------------------------------------
 
-    def ask(self, token: str, caller: Identity, n: int = 1) -> AskPublic:
-        """Up to ``n`` configs to measure, or the validation, or ``wait`` / ``done``."""
+    def ask(self, token: str, caller: Identity, n: int = 1, holding: Sequence[int] = ()) -> AskPublic:
+        """Up to ``n`` configs to measure, or the validation, or ``wait`` / ``done``.
+
+        ``holding``: the trial ids the worker has in hand (being measured); the lease's other
+        outstanding trials are answered first, so asking again after a lost answer loses nothing.
+        """
         if not 1 <= n <= MAX_ASK:
             raise InvalidInputError(f"n must be between 1 and {MAX_ASK}, got {n}", field="n")
         job_id = self._job_of(token)
-        with self.studies.lock(job_id), self.db.write() as session:
+        with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             if lifecycle.is_final(job.state):
                 return AskPublic(phase=AskPhase.DONE)
@@ -146,29 +165,53 @@ class WorkerProtocol:
                 if job.validator_lease_id != lease.id:
                     return AskPublic(phase=AskPhase.DONE)
                 return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
-            search = self._search(session, job)
-            candidates = search.ask(n)
-            if candidates:
-                now = self.db.clock()
-                for candidate in candidates:
-                    session.add(
-                        TrialRow(
-                            job_id=job.id,
-                            number=candidate.trial_id,
-                            lease_id=lease.id,
-                            phase="search",
-                            config=candidate.config,
-                            state=TrialState.ASKED,
-                            asked_at=now,
-                        )
-                    )
-                tasks = [Task(trial_id=c.trial_id, config=c.config) for c in candidates]
+            again = asked_again(session, job, lease, set(holding), n)
+            tasks = again + self._new_tasks(session, job, lease, n - len(again))
+            if tasks:
                 return AskPublic(phase=AskPhase.SEARCH, tasks=tasks)
-            if search.outstanding:
+            if self._search(session, job).outstanding and self._abandon_over(session, job):
+                tasks = self._new_tasks(session, job, lease, n)
+                if tasks:
+                    return AskPublic(phase=AskPhase.SEARCH, tasks=tasks)
+            if self._search(session, job).outstanding:
                 return AskPublic(phase=AskPhase.WAIT)
             lifecycle.move(job, Event.SEARCH_DONE, self.db.clock())
             job.validator_lease_id = lease.id
             return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
+
+    def _new_tasks(self, session: Session, job: JobRow, lease: LeaseRow, n: int) -> list[Task]:
+        """Up to ``n`` new configs from the job's search, recorded as trials asked under ``lease``."""
+        if n < 1:
+            return []
+        candidates = self._search(session, job).ask(n)
+        if not candidates:
+            return []
+        now = self.db.clock()
+        for candidate in candidates:
+            session.add(
+                TrialRow(
+                    job_id=job.id,
+                    number=candidate.trial_id,
+                    lease_id=lease.id,
+                    phase="search",
+                    config=candidate.config,
+                    state=TrialState.ASKED,
+                    asked_at=now,
+                )
+            )
+        self.searches.changed(job)
+        return [Task(trial_id=c.trial_id, config=c.config) for c in candidates]
+
+    def _abandon_over(self, session: Session, job: JobRow) -> bool:
+        """Abandon trials left asked under leases that are over; True when there were any.
+
+        The search is rebuilt from the rows, which abandons them (see :mod:`searches`).
+        """
+        if not asked_under_leases_over(session, job, self.db.clock()):
+            return False
+        self.searches.forget(job.id)
+        self._search(session, job)
+        return True
 
     def _job_of(self, token: str) -> int:
         """The id of the lease's job, read without locks so its search lock can be taken first.
@@ -182,32 +225,28 @@ class WorkerProtocol:
         return job_id
 
     def _search(self, session: Session, job: JobRow) -> Search:
-        """The job's search (hold its lock); a new one is warm-started from the nearest tuned shapes."""
-        found = self.studies.cached(job.id)
+        """The job's search (hold its lock): the one in memory if current, else rebuilt from its trials.
+
+        A job without trials yet is warm-started from the nearest tuned shapes' best configs.
+        """
+        found = self.searches.cached(job)
         if found is not None:
             return found
         assert job.chip_id is not None
         limits = fleet.chip_limits(session.get_one(ChipRow, job.chip_id))
-        spec = lookup_kernel(job.kernel)
-        neighbours = configs.nearest_best(
-            session, spec, dict(job.shape), dtype=job.dtype, chip_id=job.chip_id, k=WARM_START_NEIGHBOURS + 1
-        )
-        warm = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
-        search = self.studies.search(job, limits, warm[:WARM_START_NEIGHBOURS])
-        self._reconcile(session, job, search)
-        return search
-
-    @staticmethod
-    def _reconcile(session: Session, job: JobRow, search: Search) -> None:
-        """Abandon study trials that no lease holds (asked when the server stopped, never handed out)."""
-        held = set(
-            session.scalars(
-                select(TrialRow.number).where(TrialRow.job_id == job.id, TrialRow.state == TrialState.ASKED)
+        warm: list[Config] = []
+        if not self.searches.has_trials(session, job):
+            spec = lookup_kernel(job.kernel)
+            neighbours = configs.nearest_best(
+                session,
+                spec,
+                dict(job.shape),
+                dtype=job.dtype,
+                chip_id=job.chip_id,
+                k=WARM_START_NEIGHBOURS + 1,
             )
-        )
-        for number in search.outstanding_ids:
-            if number not in held:
-                search.abandon(number, "asked but never handed out (the server stopped)")
+            warm = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
+        return self.searches.rebuild(session, job, limits, self.db.clock(), warm[:WARM_START_NEIGHBOURS])
 
     def _finalists(self, session: Session, job: JobRow) -> list[Config]:
         """The configs of the job's validation run (see :func:`tiletune.tuner.finalists.finalists`)."""
@@ -221,7 +260,7 @@ class WorkerProtocol:
         """Record outcomes of asked trials; a repeated outcome is counted once."""
         job_id = self._job_of(token)
         accepted = repeated = 0
-        with self.studies.lock(job_id), self.db.write() as session:
+        with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             search = self._search(session, job) if not lifecycle.is_final(job.state) else None
             now = self.db.clock()
@@ -236,6 +275,8 @@ class WorkerProtocol:
                     time_ms = outcome.measurement.median_ms if outcome.measurement else None
                     search.tell(trial.number or 0, time_ms, _reason(outcome))
                 accepted += 1
+            if accepted:
+                self.searches.changed(job)
             job.updated_at = now
         return TellPublic(accepted=accepted, repeated=repeated)
 
@@ -244,7 +285,7 @@ class WorkerProtocol:
     def complete(self, token: str, caller: Identity, request: CompleteCreate) -> JobPublic:
         """Take the validation run, promote its winner if it beats the key's best, end the job."""
         job_id = self._job_of(token)
-        with self.studies.lock(job_id), self.db.write() as session:
+        with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             if job.state != JobState.VALIDATING or job.validator_lease_id != lease.id:
                 raise ConflictError(f"job {job.id} is not waiting for this lease's validation", field="token")
@@ -264,7 +305,7 @@ class WorkerProtocol:
             )
             if verdict is None:
                 self.queue.end(session, lease, job, "validation: no config ran correctly", failed=True)
-                self.studies.forget(job.id)
+                self.searches.forget(job.id)
                 return job_public(session, job)
             winner_row = next(row for row, _ in measured if row.config == verdict.winner)
             job.best_ms, job.best_config = verdict.winner_ms, verdict.winner
@@ -283,13 +324,13 @@ class WorkerProtocol:
                 configs.promote(session, JobKey.of(job), winner, self.db.clock())
             lifecycle.move(job, Event.VALIDATED, self.db.clock())
             self.queue.end(session, lease, job, "completed", failed=False)
-            self.studies.forget(job.id)
+            self.searches.forget(job.id)
             return job_public(session, job)
 
     def release(self, token: str, caller: Identity, request: ReleaseCreate) -> JobPublic:
         """End a lease by the worker's wish; its outstanding trials are asked again later."""
         job_id = self._job_of(token)
-        with self.studies.lock(job_id), self.db.write() as session:
+        with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             self._abandon(session, job, lease.id, f"lease released: {request.reason}")
             self.queue.end(session, lease, job, request.reason, failed=request.failed)
@@ -300,7 +341,7 @@ class WorkerProtocol:
         with self.db.write() as session:
             reaped = self.queue.reap(session)
         for job_id, lease_id in reaped:
-            with self.studies.lock(job_id), self.db.write() as session:
+            with self.searches.held(job_id), self.db.write() as session:
                 self._abandon(session, session.get_one(JobRow, job_id), lease_id, "lease expired")
         return len(reaped)
 
@@ -321,18 +362,19 @@ class WorkerProtocol:
             trial.told_at = now
             if trial.number is not None and trial.number in search.outstanding_ids:
                 search.abandon(trial.number, reason)
+        self.searches.changed(job)
 
     def cancel_job(self, job_id: int, caller: Identity) -> JobPublic:
         """Cancel a job that has not finished; its leases see ``done`` at their next ask.
 
         An admin may cancel any job, a submitter the jobs of its own sweeps (403 otherwise).
         """
-        with self.studies.lock(job_id), self.db.write() as session:
+        with self.searches.held(job_id), self.db.write() as session:
             job = jobs.job_row(session, job_id)
             jobs.check_owner(session, job.sweep_id, caller)
             if lifecycle.allows(job.state, Event.CANCELLED):
                 lifecycle.move(job, Event.CANCELLED, self.db.clock())
-            self.studies.forget(job_id)
+            self.searches.forget(job_id)
             return job_public(session, job)
 
     def cancel_sweep(self, sweep_id: int, caller: Identity) -> None:

@@ -15,9 +15,6 @@ class Settings(BaseSettings):
     """How the server stores, leases and limits.
 
     - ``db_url``: our tables (SQLite file by default; ``postgresql://...`` at scale);
-    - ``optuna_url``: Optuna's studies, kept apart from our tables. Default: for
-      a SQLite database ``X.db`` the journal file ``X.optuna.log``; for PostgreSQL the
-      same database, schema ``optuna``;
     - ``lease_s``: how long a lease lives without a heartbeat; ``heartbeat_s``:
       how often workers are told to renew it;
     - ``max_lease_failures``: expired or failed leases after which a job is ``failed``;
@@ -43,7 +40,6 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TILETUNE_")
 
     db_url: str = Field(default_factory=default_url)
-    optuna_url: str | None = None
     lease_s: float = Field(default=60.0, gt=0)
     heartbeat_s: float = Field(default=5.0, gt=0)
     max_lease_failures: int = Field(default=3, ge=1)

@@ -1,4 +1,5 @@
-"""Trials: the asked trial behind an outcome, an outcome recorded on it and its job, validation rows.
+"""Trials: the asked trial behind an outcome, an outcome recorded on it and its job, validation rows;
+the trials a lease holds, and those left asked under leases that are over.
 
 A repository: functions take the caller's session and never commit (see
 :mod:`tiletune.service.database`). Trial states are the wire's
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import CompleteCreate, TrialOutcome, TrialState
+from tiletune.client.wire import CompleteCreate, Task, TrialOutcome, TrialState
 from tiletune.service.errors import ConflictError, InvalidInputError
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
 
@@ -85,3 +86,35 @@ def validation_rows(
         rows.append(row)
     session.flush()
     return rows
+
+
+def asked_again(session: Session, job: JobRow, lease: LeaseRow, holding: set[int], n: int) -> list[Task]:
+    """Up to ``n`` search trials ``lease`` holds that are not in ``holding``, oldest first, as tasks."""
+    rows = session.scalars(
+        select(TrialRow)
+        .where(
+            TrialRow.job_id == job.id,
+            TrialRow.lease_id == lease.id,
+            TrialRow.phase == "search",
+            TrialRow.state == TrialState.ASKED,
+        )
+        .order_by(TrialRow.number)
+    ).all()
+    again = [row for row in rows if row.number is not None and row.number not in holding]
+    return [Task(trial_id=row.number or 0, config=row.config) for row in again[:n]]
+
+
+def asked_under_leases_over(session: Session, job: JobRow, now: datetime) -> bool:
+    """True when a search trial of ``job`` is still ``asked`` under a lease that ended or expired."""
+    query = (
+        select(TrialRow.id)
+        .join(LeaseRow, LeaseRow.id == TrialRow.lease_id)
+        .where(
+            TrialRow.job_id == job.id,
+            TrialRow.phase == "search",
+            TrialRow.state == TrialState.ASKED,
+            or_(LeaseRow.ended_at.is_not(None), LeaseRow.expires_at <= now),
+        )
+        .limit(1)
+    )
+    return session.scalar(query) is not None

@@ -1,4 +1,4 @@
-"""How the outcome of each trial is written into a search's Optuna study, and read back.
+"""How the outcome of each trial is written into a search's Optuna study.
 
 Contract: every trial a search finishes carries the user attribute ``KIND``
 (``measured``, ``failed``, ``invalid``, ``duplicate`` or ``abandoned``) and,
@@ -6,16 +6,19 @@ except for a measurement, a ``REASON``. A measurement is told as its time;
 an invalid or failed config is pruned with a violated constraint (TPE ranks it
 below every result); a duplicate is answered from the recorded outcome (a
 repeat of an outstanding config fails); an abandoned trial fails (it counts in
-no budget). :func:`kind_of` and :func:`reason_of` read them back, so a study
-alone is enough to resume a search.
+no budget). :func:`finished_trial` builds the same trial for a study rebuilt from a record
+kept elsewhere (a resumed search).
 
 Imports optuna only.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import optuna
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.distributions import BaseDistribution
+from optuna.trial import FrozenTrial, Trial, TrialState, create_trial
 
 KIND = "tiletune_kind"
 REASON = "tiletune_reason"
@@ -56,12 +59,30 @@ def tell_abandoned(study: optuna.Study, trial: Trial, reason: str) -> None:
     study.tell(trial, state=TrialState.FAIL)
 
 
-def kind_of(frozen: FrozenTrial) -> str | None:
-    """The kind a finished trial was told as (``None`` for a trial of another writer)."""
-    kind = frozen.user_attrs.get(KIND)
-    return str(kind) if kind is not None else None
+def finished_trial(
+    kind: str,
+    params: dict[str, Any],
+    distributions: dict[str, BaseDistribution],
+    time_ms: float | None = None,
+    reason: str | None = None,
+) -> FrozenTrial:
+    """A finished trial as the ``tell_*`` functions leave it, for ``study.add_trial``.
 
-
-def reason_of(frozen: FrozenTrial, default: str) -> str:
-    """Why a trial was not a measurement, or ``default`` when it says nothing."""
-    return str(frozen.user_attrs.get(REASON, default))
+    ``kind``: ``measured`` (``time_ms``), ``failed`` or ``invalid`` (pruned with a violated
+    constraint), ``abandoned`` (failed).
+    """
+    user_attrs: dict[str, Any] = {KIND: kind}
+    if kind == "measured":
+        return create_trial(params=params, distributions=distributions, value=time_ms, user_attrs=user_attrs)
+    user_attrs[REASON] = reason or kind
+    if kind == "abandoned":
+        return create_trial(
+            state=TrialState.FAIL, params=params, distributions=distributions, user_attrs=user_attrs
+        )
+    return create_trial(
+        state=TrialState.PRUNED,
+        params=params,
+        distributions=distributions,
+        user_attrs=user_attrs,
+        constraints={CONSTRAINT: 1.0},
+    )

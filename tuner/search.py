@@ -27,10 +27,14 @@ Contract of :class:`Search`:
 
 Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.strategy`.
 
-The state of a search lives in its Optuna study (:mod:`tiletune.tuner.outcome`
-marks each trial ``measured``, ``failed``, ``invalid`` or ``duplicate``), so a
-``Search`` built over an existing study resumes it. One ``Search`` object per
-study at a time: it is not safe for concurrent use.
+Trial ids are the search's own, counted from 0 over the candidates it hands out (the
+Optuna study behind it also holds the proposals it answered at once). A search lives in
+memory; one built with ``past`` (:class:`PastTrial`: the trials an earlier search handed
+out, with what became of them) resumes it: measurements and failures are taken up,
+outstanding trials stay outstanding under their ids, abandoned configs are asked again
+first, and new ids continue after the largest past one. So the record of a search can be
+kept elsewhere (the server's trials table) and a search rebuilt from it at any time. A
+``Search`` is not safe for concurrent use.
 
 Re-exports the names other code imports from here (``Config``, ``STRATEGIES``,
 ``TpeOptions``, ``SearchCounts``, ``ENUMERATE_LIMIT``). Imports optuna, the
@@ -43,19 +47,18 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import optuna
-from optuna.storages import BaseStorage
-from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna.trial import Trial
 
 from tiletune.tuner.budget import Budget
 from tiletune.tuner.encoding import Config, Encoding, Key
 from tiletune.tuner.neighbourhood import LocalSearch
 from tiletune.tuner.outcome import (
-    kind_of,
-    reason_of,
+    finished_trial,
     tell_abandoned,
     tell_duplicate,
     tell_infeasible,
@@ -72,6 +75,7 @@ __all__ = [
     "STRATEGIES",
     "Candidate",
     "Config",
+    "PastTrial",
     "Search",
     "SearchCounts",
     "SearchSpace",
@@ -88,6 +92,23 @@ class Candidate:
 
     trial_id: int
     config: Config
+
+
+PastOutcome = Literal["measured", "failed", "outstanding", "abandoned"]
+
+
+@dataclass(frozen=True)
+class PastTrial:
+    """A trial an earlier search handed out, and what became of it (see the module docstring).
+
+    ``time_ms`` is set for ``measured``; ``reason`` says why for ``failed`` and ``abandoned``.
+    """
+
+    trial_id: int
+    config: Config
+    outcome: PastOutcome
+    time_ms: float | None = None
+    reason: str | None = None
 
 
 @dataclass
@@ -110,9 +131,8 @@ class Search:
         clock: Callable[[], float] = time.monotonic,
         *,
         min_improvement: float = 0.005,
-        storage: str | BaseStorage | None = None,
-        study_name: str | None = None,
         options: TpeOptions | None = None,
+        past: Sequence[PastTrial] = (),
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(
@@ -138,11 +158,10 @@ class Search:
         self._pending_keys: set[Key] = set()
         self._told: set[int] = set()
         self._rejections = 0
+        self._next_id = 0
         self._exhausted = False
         self._stop_reason: str | None = None
         self._study = optuna.create_study(
-            storage=storage,
-            study_name=study_name,
             sampler=make_sampler(
                 strategy,
                 self._enc,
@@ -152,11 +171,11 @@ class Search:
                 options=self._options,
             ),
             direction="minimize",
-            load_if_exists=True,
         )
         self._seeds: list[Key] = []
-        self._trials_seen = 0
-        if not self._restore():
+        if past:
+            self._resume(past)
+        else:
             self._seeds = self._seed_keys()
 
     # -- public API -------------------------------------------------------------------------
@@ -257,15 +276,6 @@ class Search:
         self._stop_reason = None
 
     @property
-    def trials_seen(self) -> int:
-        """Trials of the study this object created or took up.
-
-        Fewer than the study holds means another process added some: this
-        object is stale, and a new ``Search`` over the study resumes it.
-        """
-        return self._trials_seen
-
-    @property
     def outstanding_ids(self) -> list[int]:
         """Trial ids asked and not yet told or abandoned."""
         return list(self._pending)
@@ -352,13 +362,11 @@ class Search:
         """Ask Optuna for a trial with the given config (``enqueue_trial``)."""
         self._study.enqueue_trial(self._enc.params(key))
         trial = self._study.ask(self._enc.distributions)
-        self._trials_seen += 1
         return self._register(trial, self._enc.key_from_params(trial.params))
 
     def _start_sampled(self) -> Candidate | None:
         """Ask the sampler; an invalid or repeated proposal is answered at once (``None``)."""
         trial = self._study.ask(self._enc.distributions)
-        self._trials_seen += 1
         key = self._enc.key_from_params(trial.params)
         reason = self._valid.reason(key)
         if reason is not None:
@@ -374,12 +382,15 @@ class Search:
             return self._register(trial, key)
         return None
 
-    def _register(self, trial: Trial, key: Key) -> Candidate:
-        self._pending[trial.number] = _Pending(trial, key)
+    def _register(self, trial: Trial, key: Key, trial_id: int | None = None) -> Candidate:
+        if trial_id is None:
+            trial_id = self._next_id
+        self._next_id = max(self._next_id, trial_id + 1)
+        self._pending[trial_id] = _Pending(trial, key)
         self._pending_keys.add(key)
         if self._model is not None:
             self._model.take(key)
-        return Candidate(trial_id=trial.number, config=self._enc.config(key))
+        return Candidate(trial_id=trial_id, config=self._enc.config(key))
 
     # -- bookkeeping ------------------------------------------------------------------------
 
@@ -425,26 +436,34 @@ class Search:
                 keys.append(key)
         return keys
 
-    def _restore(self) -> bool:
-        """Take up an existing study's trials (a resumed job); ``False`` when the study is new."""
-        trials = self._study.get_trials(deepcopy=False)
-        self._trials_seen = len(trials)
-        for frozen in trials:
-            self._restore_trial(frozen)
-        return bool(trials)
-
-    def _restore_trial(self, frozen: FrozenTrial) -> None:
-        kind = kind_of(frozen)
-        key = self._enc.key_from_params(frozen.params)
-        if frozen.state == TrialState.RUNNING:
-            self._register(Trial(self._study, frozen._trial_id), key)
-            return
-        self._told.add(frozen.number)
-        if kind == "measured" and frozen.value is not None:
-            self._record_time(key, frozen.value)
-        elif kind == "failed":
-            self._record_failure(key, reason_of(frozen, "failed"))
-        elif kind in ("invalid", "duplicate"):
-            self._record.count(kind)
-        elif kind == "abandoned" and key not in self._record:
-            self._seeds.append(key)
+    def _resume(self, past: Sequence[PastTrial]) -> None:
+        """Take up the trials of an earlier search (see the module docstring)."""
+        abandoned: list[Key] = []
+        for trial in sorted(past, key=lambda t: t.trial_id):
+            key = self._enc.key(trial.config)
+            self._next_id = max(self._next_id, trial.trial_id + 1)
+            if trial.outcome == "outstanding":
+                self._study.enqueue_trial(self._enc.params(key))
+                self._register(self._study.ask(self._enc.distributions), key, trial.trial_id)
+                continue
+            self._told.add(trial.trial_id)
+            if key in self._record:
+                continue  # measured under an earlier id already (a config asked again)
+            params = self._enc.params(key)
+            reason = trial.reason or trial.outcome
+            if trial.outcome == "measured" and trial.time_ms is not None:
+                self._study.add_trial(
+                    finished_trial("measured", params, self._enc.distributions, trial.time_ms)
+                )
+                self._record_time(key, trial.time_ms)
+            elif trial.outcome == "failed":
+                self._study.add_trial(
+                    finished_trial("failed", params, self._enc.distributions, reason=reason)
+                )
+                self._record_failure(key, reason)
+            else:
+                self._study.add_trial(
+                    finished_trial("abandoned", params, self._enc.distributions, reason=reason)
+                )
+                abandoned.append(key)
+        self._seeds = list(dict.fromkeys(key for key in abandoned if self._is_new(key)))

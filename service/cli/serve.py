@@ -59,11 +59,11 @@ DEFAULT_PORT = 8642
 # -- settings, database, socket, uvicorn ----------------------------------------------------------
 
 
-def settings_of(db: str | None, optuna_db: str | None = None) -> Settings:
-    """Settings from ``TILETUNE_*`` with the command line's database URLs over them."""
+def settings_of(db: str | None) -> Settings:
+    """Settings from ``TILETUNE_*`` with the command line's database URL over them."""
     from tiletune.service.settings import Settings
 
-    given: dict[str, Any] = {"db_url": db, "optuna_url": optuna_db}
+    given: dict[str, Any] = {"db_url": db}
     try:
         return Settings(**{key: value for key, value in given.items() if value is not None})
     except ValidationError as error:
@@ -172,7 +172,9 @@ def uvicorn_server(
 
 def cmd_server(args: argparse.Namespace) -> None:
     """Migrate the database, then serve the API until SIGINT or SIGTERM."""
-    settings = settings_of(args.db, args.optuna_db)
+    if args.optuna_db is not None:
+        print("tiletune server: --optuna-db is ignored: job searches are rebuilt from the trials table")
+    settings = settings_of(args.db)
     sock = bind(args.host, args.port)  # first: a busy port fails fast and touches no database
     migrate(settings.db_url)
     server, tokens = uvicorn_server(settings, args.host, args.port, access_log=True)
@@ -254,10 +256,8 @@ def add_server_parser(commands: Commands) -> None:
     server.add_argument("--db", help="database URL (default: $TILETUNE_DB_URL, else sqlite:///tiletune.db)")
     server.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
-    server.add_argument(
-        "--optuna-db",
-        help="Optuna storage URL (default: journal file X.optuna.log beside X.db; PostgreSQL: schema optuna)",
-    )
+    # Earlier servers kept Optuna's studies apart; accepted and ignored so their scripts still run.
+    server.add_argument("--optuna-db", help=argparse.SUPPRESS)
     server.set_defaults(handler=cmd_server, extra="server")
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import optuna
 import pytest
 
-from tiletune.tuner.search import STRATEGIES, Config, Search, SearchSpace, TpeOptions
+from tiletune.tuner.search import STRATEGIES, Candidate, Config, PastTrial, Search, SearchSpace, TpeOptions
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -269,18 +269,36 @@ def test_every_trial_is_recorded_in_the_optuna_study() -> None:
     assert kinds.count("duplicate") == counts.duplicate
 
 
-def test_a_search_over_an_existing_study_resumes_it() -> None:
-    storage = optuna.storages.InMemoryStorage()
-    first = Search(space(), seed=0, max_trials=10, storage=storage, study_name="job-1")
-    asked = run(first)
-    running = first.ask(1)  # max_trials reached: nothing more is asked
-    assert running == []
-    resumed = Search(space(), seed=1, max_trials=20, storage=storage, study_name="job-1")
-    assert resumed.counts == first.counts
+def past_of(search: Search, asked: list[Candidate], told: dict[int, float | str]) -> list[PastTrial]:
+    """What a record kept outside the search holds of ``asked``: outcomes told, the rest outstanding."""
+    past = []
+    for candidate in asked:
+        outcome = told.get(candidate.trial_id)
+        if isinstance(outcome, float):
+            past.append(PastTrial(candidate.trial_id, candidate.config, "measured", time_ms=outcome))
+        elif isinstance(outcome, str):
+            kind = "abandoned" if outcome == "abandoned" else "failed"
+            past.append(PastTrial(candidate.trial_id, candidate.config, kind, reason=outcome))
+        else:
+            past.append(PastTrial(candidate.trial_id, candidate.config, "outstanding"))
+    return past
+
+
+def test_a_search_rebuilt_from_its_past_trials_resumes_it() -> None:
+    first = Search(space(), seed=0, max_trials=10)
+    asked = first.ask(10)
+    told: dict[int, float | str] = {c.trial_id: bowl_ms(c.config) for c in asked}
+    for candidate in asked:
+        first.tell(candidate.trial_id, bowl_ms(candidate.config))
+    assert [c.trial_id for c in asked] == list(range(10))  # the search's own ids, from 0
+    assert first.ask(1) == []  # max_trials reached: nothing more is asked
+    resumed = Search(space(), seed=1, max_trials=20, past=past_of(first, asked, told))
+    # what was measured is taken up; proposals answered at once (invalid, duplicate) are not past trials
+    assert (resumed.counts.completed, resumed.counts.failed) == (first.counts.completed, first.counts.failed)
     assert resumed.best(3) == first.best(3)
     more = run(resumed)
     assert len(more) == 10
-    assert not {tuple(c.values()) for c in asked} & {tuple(c.values()) for c in more}
+    assert not {tuple(c.config.values()) for c in asked} & {tuple(c.values()) for c in more}
 
 
 def test_an_abandoned_candidate_is_asked_again_first_and_counts_in_no_budget() -> None:
@@ -300,17 +318,24 @@ def test_an_abandoned_candidate_is_asked_again_first_and_counts_in_no_budget() -
         search.abandon(999)
 
 
-def test_a_resumed_search_takes_up_outstanding_and_abandoned_trials() -> None:
-    storage = optuna.storages.InMemoryStorage()
-    first = Search(space(), seed=0, max_trials=8, storage=storage, study_name="job-2")
-    a, b, c = first.ask(3)
-    first.tell(a.trial_id, bowl_ms(a.config))
-    first.abandon(b.trial_id)
-    resumed = Search(space(), seed=0, max_trials=8, storage=storage, study_name="job-2")
+def test_a_resumed_search_takes_up_outstanding_failed_and_abandoned_trials() -> None:
+    first = Search(space(), seed=0, max_trials=8)
+    a, b, c, d = first.ask(4)
+    told: dict[int, float | str] = {
+        a.trial_id: bowl_ms(a.config),
+        b.trial_id: "abandoned",
+        d.trial_id: "crashed",
+    }
+    resumed = Search(space(), seed=0, max_trials=8, past=past_of(first, [a, b, c, d], told))
     assert resumed.outstanding_ids == [c.trial_id]
+    assert resumed.counts.completed == 1
+    assert resumed.counts.failed == 1
     (again,) = resumed.ask(1)
     assert again.config == b.config
+    assert again.trial_id == d.trial_id + 1  # new ids continue after the past ones
     resumed.tell(c.trial_id, bowl_ms(c.config))
+    assert resumed.counts.completed == 2
+    resumed.tell(c.trial_id, 1.0)  # told again: nothing happens
     assert resumed.counts.completed == 2
 
 
