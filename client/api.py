@@ -58,6 +58,8 @@ R = TypeVar("R")
 
 #: Default seconds per request (connect: 10 s).
 DEFAULT_TIMEOUT_S = 30.0
+#: The status of a server whose database is away for now: always retried.
+SERVICE_UNAVAILABLE = 503
 
 
 class StopRequestedError(Exception):
@@ -88,11 +90,16 @@ class Retry:
     """How the sync twin retries a call that got no answer or a 5xx (see the module docstring).
 
     ``attempts`` ``None``: until it succeeds or ``stopping`` is set. ``sleep`` waits
-    between attempts (default: an interruptible wait on ``stopping``).
+    between attempts (default: an interruptible wait on ``stopping``). ``max_server_errors``:
+    consecutive 5xx answers other than 503 after which a call gives up and raises the last
+    :class:`ServerRefusedError` (a request the server fails on every time is no outage;
+    ``None``: retry those too). A 503 (the server's database is away) and no answer at all
+    are always retried.
     """
 
     backoff: Backoff = field(default_factory=Backoff)
     attempts: int | None = None
+    max_server_errors: int | None = None
     stopping: threading.Event = field(default_factory=threading.Event)
     sleep: Callable[[float], object] | None = None
 
@@ -173,7 +180,7 @@ class ServiceApi:
         if self.retry is None:
             return self._once(call)
         limit = attempts if attempts is not None else self.retry.attempts
-        failures = 0
+        failures = server_errors = 0
         while True:
             try:
                 answer = self._once(call)
@@ -182,7 +189,11 @@ class ServiceApi:
                 if fault is None:
                     raise
                 failures += 1
+                if isinstance(error, ServerRefusedError) and error.status != SERVICE_UNAVAILABLE:
+                    server_errors += 1
                 if limit is not None and failures >= limit:
+                    raise
+                if self.retry.max_server_errors is not None and server_errors >= self.retry.max_server_errors:
                     raise
                 delay_s = self.retry.backoff.delay_s(failures - 1)
                 where = redacted(call.path)
@@ -248,9 +259,9 @@ class ServiceApi:
         """``POST /v1/lease/ask?n=&holding=`` (see :func:`calls.ask`)."""
         return self.send(calls.ask(token, n, holding))
 
-    def tell(self, token: str, outcomes: Sequence[TrialOutcome]) -> TellPublic:
-        """``POST /v1/leases/{token}/tell``; idempotent, so retrying is safe."""
-        return self.send(calls.tell(token, outcomes))
+    def tell(self, token: str, outcomes: Sequence[TrialOutcome], attempts: int | None = None) -> TellPublic:
+        """``POST /v1/lease/tell``; idempotent, so retrying is safe."""
+        return self.send(calls.tell(token, outcomes), attempts)
 
     def complete(self, token: str, results: Sequence[ValidatedConfig]) -> None:
         """``POST /v1/leases/{token}/complete``."""

@@ -20,5 +20,6 @@ Nothing imports it but its own entry points. Modules:
   ``lookup`` (single-key lookup and its cache), ``misses`` (demand-driven tuning);
 - ``searches``: each running job's search in memory, rebuilt from its trials (their one record);
 - ``specs``: requests checked against the kernels' specs; ``errors``: errors with a code;
+- ``failpoints``: named seams where a test makes the server crash or fail on purpose;
 - ``cli``: the ``tiletune`` command (its own package; see its docstring).
 """

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -30,7 +32,7 @@ from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
-from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError
+from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError, UnavailableError
 from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
@@ -52,7 +54,11 @@ ERRORS = {
     413: "the body is over the size limit",
     422: "a field is invalid; ``field`` names it",
     429: "too many requests of this kind from this token (see Retry-After)",
+    503: "the database cannot be reached now (database_unavailable; see Retry-After)",
 }
+
+#: Seconds a 503 ``database_unavailable`` asks callers to wait before trying again.
+DATABASE_RETRY_AFTER_S = 2.0
 
 #: SQLite read connections: as many as the request threads (FastAPI's default limit is 40), so
 #: concurrent lookups never queue for a connection (SQLite readers do not block each other).
@@ -138,6 +144,8 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
+        app.add_exception_handler(database_fault, _database_error)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
     return app
 
@@ -157,9 +165,20 @@ async def _service_error(_request: Request, error: Exception) -> Response:
     assert isinstance(error, ServiceError)
     body = ErrorBody(code=error.code, message=error.message, field=error.field)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, UnauthorizedError) else None
-    if isinstance(error, RateLimitedError):
+    if isinstance(error, RateLimitedError | UnavailableError):
         headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+
+
+async def _database_error(request: Request, error: Exception) -> Response:
+    """A database that went away (connection refused or dropped, pool exhausted, SQLite locked): 503.
+
+    Only connection-level faults come here: an integrity or programming error is a bug (500).
+    The message names no URL or credential; the pool's pre-ping replaces dead connections.
+    """
+    log.warning("database unavailable for %s %s: %s", request.method, request.url.path, type(error).__name__)
+    unavailable = UnavailableError("the database cannot be reached now; try again", DATABASE_RETRY_AFTER_S)
+    return await _service_error(request, unavailable)
 
 
 async def _validation_error(_request: Request, error: Exception) -> Response:

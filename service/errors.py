@@ -63,6 +63,17 @@ class ForbiddenError(ServiceError):
     code = "forbidden"
 
 
+class UnavailableError(ServiceError):
+    """The database cannot be reached now; ``retry_after_s`` says when to try again (503)."""
+
+    status = 503
+    code = "database_unavailable"
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class RateLimitedError(ServiceError):
     """The caller sent more than its share; ``retry_after_s`` says when to try again (429)."""
 

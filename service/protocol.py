@@ -52,7 +52,7 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service import configs, fleet, jobs, lifecycle
+from tiletune.service import configs, failpoints, fleet, jobs, lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, Winner
 from tiletune.service.database import Database, aware
@@ -157,6 +157,7 @@ class WorkerProtocol:
         if not 1 <= n <= MAX_ASK:
             raise InvalidInputError(f"n must be between 1 and {MAX_ASK}, got {n}", field="n")
         job_id = self._job_of(token)
+        failpoints.reach("ask.start", job_id)
         with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             if lifecycle.is_final(job.state):
@@ -278,6 +279,7 @@ class WorkerProtocol:
             if accepted:
                 self.searches.changed(job)
             job.updated_at = now
+            failpoints.reach("tell.searched")
         return TellPublic(accepted=accepted, repeated=repeated)
 
     # -- complete, release, cancel, reap ----------------------------------------------------
@@ -322,6 +324,8 @@ class WorkerProtocol:
                     software_id=self.queue.worker_of(session, lease).software_id,
                 )
                 configs.promote(session, JobKey.of(job), winner, self.db.clock())
+                session.flush()
+                failpoints.reach("complete.promoted")
             lifecycle.move(job, Event.VALIDATED, self.db.clock())
             self.queue.end(session, lease, job, "completed", failed=False)
             self.searches.forget(job.id)
@@ -340,6 +344,8 @@ class WorkerProtocol:
         """Return the jobs of expired leases to the queue and abandon their outstanding trials."""
         with self.db.write() as session:
             reaped = self.queue.reap(session)
+        if reaped:
+            failpoints.reach("reap.committed")
         for job_id, lease_id in reaped:
             with self.searches.held(job_id), self.db.write() as session:
                 self._abandon(session, session.get_one(JobRow, job_id), lease_id, "lease expired")

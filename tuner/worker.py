@@ -8,10 +8,14 @@ Protocol (REST under ``/v1``; every write under a lease carries its fencing toke
    ``heartbeat_s``), or 204: no job for this chip now (poll again, or exit with ``once``).
 3. While the lease is held, a background thread posts ``/v1/leases/{token}/heartbeat`` every
    ``heartbeat_s``.
-4. ``POST /v1/leases/{token}/ask?n=batch`` -> :class:`AskPublic`:
+4. ``POST /v1/lease/ask?n=batch&holding=...`` -> :class:`AskPublic`:
    ``search``: measure each task (constraint, check against the reference, timing) and
    ``tell`` the outcomes; ``validate``: measure the configs interleaved in one run and
    ``complete`` (which ends the lease); ``wait``: ask again after ``poll_s``; ``done``: release.
+   Pipelined (the default): while a batch is measured, a background thread tells the previous
+   batch's outcomes and asks for the next batch, saying which trials it is ``holding``, so the
+   server's work and the round trips hide behind the measurement. Asks are idempotent: an
+   answer lost on the way is asked again and comes back.
 5. ``POST /v1/leases/{token}/release`` ``{reason, failed}`` ends every other lease this worker ends.
 
 Guarantees:
@@ -21,15 +25,19 @@ Guarantees:
   A job this worker cannot run (unknown kernel, another kernel version, a missing backend, a bad
   shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
   unexpected error.
-- Server away (connection errors, timeouts, 5xx): every call is retried with capped exponential
-  backoff (:class:`~tiletune.client.api.Backoff`, through the REST client's
-  :class:`~tiletune.client.api.Retry`), each failure logged; the worker never crashes for it.
-  Retrying a ``tell`` is safe: the server counts a trial once.
+- Server away (connection errors, timeouts, 503 ``database_unavailable``): every call is retried
+  with capped exponential backoff (:class:`~tiletune.client.api.Backoff`, through the REST
+  client's :class:`~tiletune.client.api.Retry`), each failure logged; the worker never crashes
+  for it. Retrying a ``tell`` is safe: the server counts a trial once.
+- A job the server keeps failing on (``MAX_SERVER_ERRORS`` consecutive 5xx other than 503 on one
+  call of the job): the lease is released as failed with the server's message (the job fails
+  after the server's lease-failure limit) and the worker goes on to other jobs; 5xx on leasing
+  or registering are retried after ``poll_s``.
 - Lost lease (409 ``lease_lost`` on any lease call or heartbeat, or no successful renewal for
   ``lease_s``): the job is dropped at the next step, nothing more is written under that token,
   and the worker leases again. Outcomes measured but not told are lost; the server re-asks them.
 - :meth:`Worker.stop` (the CLI calls it on SIGTERM and SIGINT): the current trial finishes, the
-  outcomes already measured are told, the lease is released with reason ``"worker stopping"``
+  outcomes already measured are told (a few attempts), the lease is released with reason ``"worker stopping"``
   (a few attempts; failing those it expires on the server and the job returns to the queue),
   and :meth:`Worker.run` returns.
 - Refusal (401/403, or another 4xx where no job is at stake): :class:`WorkerRejectedError` is raised;
@@ -43,13 +51,15 @@ Optuna, SQLAlchemy, FastAPI or tiletune.service, so a worker node needs none of 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -62,8 +72,10 @@ from tiletune.client.calls import (
     UnexpectedAnswerError,
 )
 from tiletune.client.wire import (
+    DEFAULT_BATCH,
     MAX_ASK,
     AskPhase,
+    AskPublic,
     ChipWire,
     Config,
     LeasedJob,
@@ -85,8 +97,10 @@ logger = logging.getLogger(__name__)
 STOP_REASON = "worker stopping"
 #: The most configs one ``ask`` may request (the server's limit on ``n``).
 MAX_BATCH = MAX_ASK
-#: Attempts at releasing a lease when stopping: a stopping worker does not wait for the server.
+#: Attempts at telling and releasing when stopping: a stopping worker does not wait for the server.
 STOP_RELEASE_ATTEMPTS = 3
+#: Consecutive 5xx answers (other than 503) to one call of a job after which the job is given up.
+MAX_SERVER_ERRORS = 5
 LEASE_LOST_CODE = "lease_lost"
 
 Sleep = Callable[[float], object]
@@ -121,6 +135,8 @@ class _Job:
     heartbeat: Heartbeat
     bench: KernelBench
     best_ms: float | None = None
+    #: Outcomes measured and not yet told (pipelined: told with the next ask).
+    untold: list[TrialOutcome] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -134,7 +150,8 @@ class Worker:
     ``http``'s ``base_url`` is the server (tests pass Starlette's ``TestClient``);
     ``backend`` is the device kind (``cpu``, ``cuda``, ``npu``, ``auto``), unless
     ``device`` is given; the kernel implementation comes from each job. ``batch``
-    configs are asked per ``ask``. ``sleep`` waits between polls and retries
+    configs are asked per ``ask``; ``pipeline`` asks for the next batch while one is
+    measured (see the module docstring). ``sleep`` waits between polls and retries
     (default: an interruptible wait that :meth:`stop` cuts short); ``clock``
     (seconds) judges lease expiry. See the module docstring for the protocol
     and the guarantees.
@@ -147,7 +164,8 @@ class Worker:
         backend: str = "auto",
         name: str | None = None,
         bench: BenchSettings | None = None,
-        batch: int = 1,
+        batch: int = DEFAULT_BATCH,
+        pipeline: bool = True,
         sleep: Sleep | None = None,
         clock: Clock = time.monotonic,
         backoff: Backoff | None = None,
@@ -158,8 +176,14 @@ class Worker:
             raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
         self._stopping = threading.Event()
         self._sleep: Sleep = sleep if sleep is not None else self._stopping.wait
-        retry = Retry(backoff or Backoff(), stopping=self._stopping, sleep=self._sleep)
+        retry = Retry(
+            backoff or Backoff(),
+            stopping=self._stopping,
+            sleep=self._sleep,
+            max_server_errors=MAX_SERVER_ERRORS,
+        )
         self._api = ServiceApi(http=http, retry=retry)
+        self._ahead = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ask-ahead") if pipeline else None
         self._device = device if device is not None else get_device(backend)
         self._bench_settings = bench or BenchSettings()
         self._clock = clock
@@ -175,6 +199,8 @@ class Worker:
 
     def close(self) -> None:
         """Close the connections to the server."""
+        if self._ahead is not None:
+            self._ahead.shutdown(wait=True)
         self._api.close()
 
     def __enter__(self) -> Worker:
@@ -227,10 +253,19 @@ class Worker:
         Raises :class:`WorkerRejectedError` when the server refuses the registration,
         :class:`StopRequestedError` when stopped while waiting for the server.
         """
-        try:
-            worker = self._api.register(self.registration())
-        except (ServerRefusedError, UnexpectedAnswerError) as error:
-            raise WorkerRejectedError(f"registration refused: {error}") from None
+        while True:
+            try:
+                worker = self._api.register(self.registration())
+                break
+            except ServerRefusedError as error:
+                if error.status < 500:
+                    raise WorkerRejectedError(f"registration refused: {error}") from None
+                logger.warning("worker %s: registration failed (%s); trying again", self.name, error)
+                self._sleep(self._poll_s)
+                if self.stopping:
+                    raise StopRequestedError("registration") from None
+            except UnexpectedAnswerError as error:
+                raise WorkerRejectedError(f"registration refused: {error}") from None
         self.worker_id = worker.id
         logger.info("worker %s registered as %d on %s", self.name, worker.id, worker.chip)
         return worker.id
@@ -271,6 +306,9 @@ class Worker:
         except UnexpectedAnswerError as error:
             raise WorkerRejectedError(f"lease refused: {error}") from None
         except ServerRefusedError as error:
+            if error.status >= 500:
+                logger.warning("worker %s: leasing failed (%s); polling again", self.name, error)
+                return None
             if error.status != 404:
                 raise WorkerRejectedError(f"lease refused: {error}") from None
             logger.warning(
@@ -295,12 +333,16 @@ class Worker:
     def _attempt(self, lease: LeasePublic, heartbeat: Heartbeat) -> _Release | None:
         """Drive the job; map how it ended to a release (None: the lease is over, send nothing)."""
         job_id = lease.job.id
+        job = None
         try:
-            return self._drive(_Job(lease, heartbeat, self._bench_for(lease.job)))
+            job = _Job(lease, heartbeat, self._bench_for(lease.job))
+            return self._drive(job)
         except LeaseLostError as lost:
             logger.warning("job %d: lease lost (%s); dropping the job", job_id, lost)
             return None
         except StopRequestedError:
+            if job is not None:
+                self._tell_before_stopping(job)
             return _Release(STOP_REASON, attempts=STOP_RELEASE_ATTEMPTS)
         except UnsupportedJobError as error:
             logger.warning("job %d: cannot run it here: %s", job_id, error)
@@ -351,17 +393,19 @@ class Worker:
 
     def _drive(self, job: _Job) -> _Release | None:
         """Ask and answer until the server says ``done`` or the job is validated (lease ended)."""
+        answer = self._api.ask(job.lease.token, self.batch)
         while True:
             self._step(job)
-            answer = self._api.ask(job.lease.token, self.batch)
             if answer.phase == AskPhase.SEARCH and answer.tasks:
-                self._search(job, answer.tasks)
-            elif answer.phase == AskPhase.VALIDATE:
+                answer = self._search(job, answer.tasks)
+                continue
+            self._tell(job)
+            if answer.phase == AskPhase.VALIDATE:
                 return self._validate(job, answer.validate_configs)
-            elif answer.phase == AskPhase.DONE:
+            if answer.phase == AskPhase.DONE:
                 return _Release("job done")
-            else:  # wait, or a search with nothing to measure yet
-                self._sleep(self._poll_s)
+            self._sleep(self._poll_s)  # wait, or a search with nothing to measure yet
+            answer = self._api.ask(job.lease.token, self.batch)
 
     def _step(self, job: _Job) -> None:
         """Between steps: drop a lost lease first (no more writes), then honour a stop."""
@@ -369,18 +413,68 @@ class Worker:
         if self.stopping:
             raise StopRequestedError(job.label)
 
-    def _search(self, job: _Job, tasks: Sequence[Task]) -> None:
-        """Measure tasks one by one (stopping after the current one if asked), then tell them."""
+    def _search(self, job: _Job, tasks: Sequence[Task]) -> AskPublic:
+        """Measure ``tasks`` (stopping after the current one if asked); the server's next answer.
+
+        Pipelined, the previous batch is told and the next one asked in the background meanwhile
+        (these outcomes are told with the next ask); otherwise they are told, then asked after.
+        """
+        if self._ahead is None:
+            outcomes = self._measure_all(job, tasks)
+            job.untold = outcomes
+            self._tell(job)
+            return self._api.ask(job.lease.token, self.batch)
+        previous, job.untold = job.untold, []
+        holding = [task.trial_id for task in tasks]
+        ahead = self._ahead.submit(self._tell_and_ask, job.lease.token, previous, holding)
+        try:
+            outcomes = self._measure_all(job, tasks)
+        except BaseException:
+            job.untold = previous
+            _wait_quietly(ahead)
+            raise
+        try:
+            answer = ahead.result()
+        except BaseException:
+            job.untold = previous + outcomes  # told again is counted once
+            raise
+        job.untold = outcomes
+        return answer
+
+    def _tell_and_ask(
+        self, token: str, outcomes: Sequence[TrialOutcome], holding: Sequence[int]
+    ) -> AskPublic:
+        """The background step of a pipelined search: tell ``outcomes``, then ask past ``holding``."""
+        if outcomes:
+            self._api.tell(token, outcomes)
+        return self._api.ask(token, self.batch, holding)
+
+    def _measure_all(self, job: _Job, tasks: Sequence[Task]) -> list[TrialOutcome]:
         outcomes: list[TrialOutcome] = []
         for task in tasks:
             if self.stopping:
                 break
             job.heartbeat.check()
             outcomes.append(self._measure(job, task))
-        if outcomes:
-            job.heartbeat.check()
-            told = self._api.tell(job.lease.token, outcomes)
-            logger.debug("%s: told %d (%d repeated)", job.label, told.accepted, told.repeated)
+        return outcomes
+
+    def _tell(self, job: _Job, attempts: int | None = None) -> None:
+        """Tell the outcomes measured and not yet told."""
+        if not job.untold:
+            return
+        job.heartbeat.check()
+        told = self._api.tell(job.lease.token, job.untold, attempts=attempts)
+        job.untold = []
+        logger.debug("%s: told %d (%d repeated)", job.label, told.accepted, told.repeated)
+
+    def _tell_before_stopping(self, job: _Job) -> None:
+        """Stopping: tell what was measured (a few attempts; failing those the trials are asked again)."""
+        try:
+            self._tell(job, attempts=STOP_RELEASE_ATTEMPTS)
+        except ApiError as error:
+            logger.warning(
+                "%s: could not tell %d outcome(s) before stopping (%s)", job.label, len(job.untold), error
+            )
 
     def _measure(self, job: _Job, task: Task) -> TrialOutcome:
         """One task: a config outside the kernel's space is invalid, else the bench decides."""
@@ -404,3 +498,9 @@ class Worker:
         self._api.complete(job.lease.token, results)
         logger.info("%s: validation run reported; the job is complete", job.label)
         return None
+
+
+def _wait_quietly(future: Future[AskPublic]) -> None:
+    """Let a background call finish (its outcome no longer matters)."""
+    with contextlib.suppress(BaseException):  # the caller is already raising its own error
+        future.result()

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tiletune.client.calls import redacted
-from tiletune.client.wire import DEVICE_KINDS, MAX_ASK
+from tiletune.client.wire import DEFAULT_BATCH, DEVICE_KINDS, MAX_ASK
 from tiletune.service.cli.options import (
     BadInputError,
     CommandFailedError,
@@ -281,6 +281,9 @@ def add_worker_parser(commands: Commands) -> None:
     worker.add_argument("--once", action="store_true", help="exit when the server has no job for this chip")
     worker.add_argument("--name", help="worker name shown by the server (default: HOSTNAME-PID)")
     worker.add_argument(
-        "--batch", type=int, default=1, help=f"configs asked per request, 1 to {MAX_ASK} (default 1)"
+        "--batch",
+        type=int,
+        default=DEFAULT_BATCH,
+        help=f"configs asked per request, 1 to {MAX_ASK} (default {DEFAULT_BATCH})",
     )
     worker.set_defaults(handler=cmd_worker, extra="worker")

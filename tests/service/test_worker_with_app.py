@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,15 +54,18 @@ def test_a_stopped_worker_releases_its_lease_and_the_job_goes_back_to_the_queue(
     sweep = {"kernel": "add", "shapes": [{"n": 8192}], "trials": 50}
     assert client.post("/v1/sweeps", json=sweep).status_code == 201
     worker = Worker(client, backend="cpu", bench=QUICK, name="stopper")
-    # Stop the worker as its third outcome goes out (a SIGTERM at that moment).
-    measured = 0
+    # Stop the worker as its third tell goes out (a SIGTERM at that moment); every outcome it
+    # measured must still be told before it releases the lease.
+    tells = 0
+    told: set[int] = set()
     original_request = client.request
 
     def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
-        nonlocal measured
+        nonlocal tells
         if url.endswith("/tell"):
-            measured += 1
-            if measured == 3:
+            tells += 1
+            told.update(outcome["trial_id"] for outcome in json.loads(kwargs["content"])["outcomes"])
+            if tells == 3:
                 worker.stop()
         response: httpx.Response = original_request(method, url, **kwargs)
         return response
@@ -73,5 +77,7 @@ def test_a_stopped_worker_releases_its_lease_and_the_job_goes_back_to_the_queue(
         client.request = original_request  # type: ignore[method-assign]
     job = client.get("/v1/jobs").json()[0]
     assert job["state"] == "queued"
-    assert job["progress"]["completed"] == 3
+    assert job["progress"]["completed"] == len(told) >= 3
+    trials = client.get(f"/v1/jobs/{job['id']}/trials").json()
+    assert {t["state"] for t in trials} <= {"measured", "abandoned"}  # nothing left held
     assert job["lease_failures"] == 0
