@@ -170,12 +170,26 @@ class ReplayKernelSpec(KernelSpec):
 
         Raises ``ValueError`` for a config outside the recorded region.
         """
-        outcome = self.recording.measure(config)
+        outcome = self.lookup(config, shape)
+        if outcome is None:
+            raise ValueError(f"config {config}: {self.recording.invalid_reason(config)}")
+        return outcome
+
+    def lookup(self, config: Config, shape: Shape) -> RecordedOutcome | None:
+        """:meth:`recorded`, or ``None`` for a config outside the recorded region: one dict lookup."""
+        recording = self.recording
+        try:
+            key = recording.key(config)
+        except KeyError:
+            return None
+        time = recording.entries.get(key)
+        if time is None:
+            return None
+        if isinstance(time, str):
+            return RecordedOutcome(time_ms=None, error=time)
         variant = shape[VARIANT.name]
-        if outcome.time_ms is None or variant == 1:
-            return outcome
-        key = self.recording.key(config)
-        return RecordedOutcome(time_ms=outcome.time_ms * variant_factor(variant, key), error=None)
+        factor = 1.0 if variant == 1 else variant_factor(variant, key)
+        return RecordedOutcome(time_ms=time * factor, error=None)
 
     def backends(self) -> tuple[str, ...]:
         """``replay``: the lookup on a replay device."""

@@ -46,22 +46,20 @@ class ReplayBench(KernelBench):
 
     def check(self, config: Config) -> TrialResult | None:
         """An invalid (not recorded) or failed (recorded failure) result, or None when it has a time."""
-        reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
-        if reason is not None:
-            return TrialResult(config, invalid=reason)
-        outcome = self.replay_spec.recorded(config, self.shape)
+        outcome = self.replay_spec.lookup(config, self.shape)
+        if outcome is None:
+            return TrialResult(config, invalid=self._invalid_reason(config))
         return None if outcome.time_ms is not None else TrialResult(config, error=outcome.error)
 
     def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
         """The recorded outcome of ``config`` (``best_known_ms`` is ignored: nothing is pruned)."""
-        reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
-        if reason is not None:
-            return TrialResult(config, invalid=reason)
+        outcome = self.replay_spec.lookup(config, self.shape)
+        if outcome is None:
+            return TrialResult(config, invalid=self._invalid_reason(config))
         self.replay_device.occupy()
-        outcome = self.replay_spec.recorded(config, self.shape)
         if outcome.time_ms is None:
             return TrialResult(config, error=outcome.error)
-        return TrialResult(config, measurement=Measurement.from_samples([outcome.time_ms]))
+        return TrialResult(config, measurement=_one_sample(outcome.time_ms))
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
         """The recorded times of already-checked configs, in the given order (one sample each)."""
@@ -71,5 +69,14 @@ class ReplayBench(KernelBench):
             outcome = self.replay_spec.recorded(config, self.shape)
             if outcome.time_ms is None:
                 raise RecordedFailureError(f"config {config}: {outcome.error}")
-            measurements.append(Measurement.from_samples([outcome.time_ms]))
+            measurements.append(_one_sample(outcome.time_ms))
         return measurements
+
+    def _invalid_reason(self, config: Config) -> str:
+        reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
+        return reason or "not in the recorded space"
+
+
+def _one_sample(time_ms: float) -> Measurement:
+    """A measurement of one exact sample (what :meth:`Measurement.from_samples` gives, without sorting)."""
+    return Measurement(median_ms=time_ms, p10_ms=time_ms, p90_ms=time_ms, min_ms=time_ms, samples=1)
