@@ -8,7 +8,9 @@ uvicorn, and stopping on SIGINT/SIGTERM.
   ``127.0.0.1:8642``); prints one line with the URL.
 - ``worker``: lease jobs from a server and measure them on this machine until stopped
   (:class:`~tiletune.tuner.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
-  gives the job back.
+  gives the job back. ``--backend replay`` measures the recorded spaces of
+  ``$TILETUNE_REPLAY_KERNELS`` by lookup (chip ``replay/recorded``; ``--replay-trial-ms``
+  simulates each trial's duration).
 - what ``up`` (:mod:`tiletune.service.cli.up`) builds on: :func:`settings_of`, :func:`migrate`,
   :func:`bind`, :func:`uvicorn_server`, :func:`stop_signals`.
 
