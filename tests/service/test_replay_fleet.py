@@ -101,9 +101,9 @@ def test_a_replay_worker_tunes_a_sweep_of_variants_in_process(
 
 @pytest.mark.slow
 def test_replay_worker_processes_tune_a_submitted_sweep_on_a_server_process(
-    tmp_path: Path, spec: ReplayKernelSpec
+    tmp_path: Path, database_url: str, spec: ReplayKernelSpec
 ) -> None:
-    server = start_server(tmp_path, env=REPLAY_ENV)
+    server = start_server(tmp_path, db_url=database_url, env=REPLAY_ENV)
     logs = [server.log_path, tmp_path / "replay-1.log", tmp_path / "replay-2.log"]
     workers = [
         spawn(

@@ -19,7 +19,7 @@ import pytest
 
 from tiletune.kernels.device import REPLAY_CHIP, ReplayDevice, get_device
 from tiletune.kernels.errors import InputError
-from tiletune.kernels.recorded import NOT_RECORDED
+from tiletune.kernels.recorded import NOT_RECORDED, REPLAY_DIR_ENV
 from tiletune.kernels.registry import all_kernels, get_kernel, kernels_for, runs_on
 from tiletune.kernels.replay_kernels import (
     REPLAY_KERNELS_ENV,
@@ -184,6 +184,8 @@ def test_replay_kernels_are_registered_only_when_opted_in(monkeypatch: pytest.Mo
     assert registered_replay_kernels() == {}
     assert not any(name.startswith("replay_") for name in all_kernels())
     assert list(registered_replay_kernels({REPLAY_KERNELS_ENV: str(BUNDLED)})) == [PNPOLY]
+    # the search benchmark's variable names recordings too, but never adds kernels
+    assert registered_replay_kernels({REPLAY_DIR_ENV: str(BUNDLED)}) == {}
     with pytest.warns(UserWarning, match="not a directory"):
         assert registered_replay_kernels({REPLAY_KERNELS_ENV: str(BUNDLED / "absent")}) == {}
 
