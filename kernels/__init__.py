@@ -13,7 +13,10 @@ Modules:
 - ``triton_spec``, ``triton_*``: the Triton implementations (``triton_kernels``: the
   ``@triton.jit`` kernels, loaded on first run);
 - ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
-- ``registry``: the built-in kernels and the plugins' entry points;
+- ``registry``: the built-in kernels, the plugins' entry points, the replay kernels when opted in;
+- ``recorded``: recorded tuning spaces (Kernel Tuner caches), loaded once and looked up;
+- ``replay_kernels``: recorded spaces as kernels measured by lookup on a replay device
+  (``$TILETUNE_REPLAY_KERNELS``), for driving the service at fleet scale;
 - ``device``: devices: chip identity, limits, timers;
 - ``launcher``: ``launch``: run a kernel under the config a client gives for the call's shape;
 - ``defaults``: what the kernels hand a runtime client (``client_settings``: their default rule

@@ -12,11 +12,17 @@ Chip names and the software fingerprint are built by :mod:`tiletune.client.chip`
 (standard library only), so the names workers register and the names runtime
 clients look configs up under are equal by construction;
 ``software_fingerprint`` is re-exported here.
+
+The ``replay`` kind (:class:`ReplayDevice`) is no hardware: one chip, :data:`REPLAY_CHIP`,
+on which replay kernels (:mod:`tiletune.kernels.replay_kernels`) are "measured" by looking
+their recorded times up (:class:`~tiletune.tuner.replay_bench.ReplayBench`); it times
+nothing. ``auto`` never picks it.
 """
 
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -29,15 +35,18 @@ import torch
 from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name, software_fingerprint
 from tiletune.client.wire import DEVICE_KINDS
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
+from tiletune.kernels.replay_kernels import REPLAY_KIND
 from tiletune.kernels.spec import DeviceLimits
 
 __all__ = [
     "ASCEND_UB_BYTES",
     "DEVICE_KINDS",
+    "REPLAY_CHIP",
     "AcceleratorDevice",
     "Chip",
     "CpuDevice",
     "Device",
+    "ReplayDevice",
     "ascend_limits",
     "available_kinds",
     "cpu_chip",
@@ -75,7 +84,7 @@ class Device(ABC):
 
     @property
     def kind(self) -> str:
-        """``cpu``, ``cuda`` or ``npu``."""
+        """``cpu``, ``cuda``, ``npu`` or ``replay``."""
         return self.chip.kind
 
     @abstractmethod
@@ -125,6 +134,45 @@ class AcceleratorDevice(Device):
         end.record()
         end.synchronize()
         return float(start.elapsed_time(end))
+
+
+class ReplayDevice(Device):
+    """The replay "chip": recorded times are its measurements, so there is nothing to time.
+
+    Every replay worker registers :data:`REPLAY_CHIP` (one chip for all recordings, so any
+    replay worker may lease any replay job). ``trial_ms`` is a simulated duration per
+    measured config (:meth:`occupy`; 0: none), so benchmarks can model trials of, say,
+    100 ms; a negative or non-finite one is an :class:`InputError` naming
+    ``replay_trial_ms``.
+    """
+
+    def __init__(self, trial_ms: float = 0.0) -> None:
+        if not math.isfinite(trial_ms) or trial_ms < 0:
+            raise InputError("replay_trial_ms", f"must be a number of ms >= 0, got {trial_ms!r}")
+        self.chip = REPLAY_CHIP
+        self.torch_device = torch.device("cpu")  # never used: replay kernels allocate nothing
+        self.trial_ms = trial_ms
+
+    def synchronize(self) -> None:
+        """Nothing to wait for."""
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        """Raises ``RuntimeError``: a replay device measures by lookup, it times nothing."""
+        raise RuntimeError("a replay device times nothing: replay kernels are measured by lookup")
+
+    def occupy(self) -> None:
+        """Spend the simulated duration of one measurement (``trial_ms``)."""
+        if self.trial_ms > 0:
+            time.sleep(self.trial_ms / 1e3)
+
+
+#: The chip of every replay device. Its limits are unused (replay kernels' validity is the
+#: recording's) but the service needs some: those of a GPU's shared memory per block.
+REPLAY_CHIP = Chip(
+    REPLAY_KIND,
+    f"{REPLAY_KIND}/recorded",
+    DeviceLimits(local_memory_bytes=DEFAULT_GPU_SMEM_BYTES, kind=REPLAY_KIND),
+)
 
 
 def _cpu_l2_bytes() -> int:
@@ -183,7 +231,8 @@ def _npu_device(index: int = 0) -> AcceleratorDevice:
 
 
 def get_device(kind: str = "auto") -> Device:
-    """The device for ``kind`` (``cpu``, ``cuda``, ``npu`` or ``auto``: NPU, then CUDA, then CPU).
+    """The device for ``kind`` (``cpu``, ``cuda``, ``npu``, ``replay`` or ``auto``: NPU, then CUDA,
+    then CPU; never replay).
 
     Raises :class:`DeviceUnavailableError` with the reason when ``kind`` is not here,
     and :class:`InputError` (field ``backend``) for an unknown kind.
@@ -194,6 +243,8 @@ def get_device(kind: str = "auto") -> Device:
         return _cuda_device()
     if kind == "npu":
         return _npu_device()
+    if kind == REPLAY_KIND:
+        return ReplayDevice()
     if kind == "auto":
         for candidate in ("npu", "cuda"):
             try:
@@ -202,7 +253,9 @@ def get_device(kind: str = "auto") -> Device:
                 continue
         return CpuDevice()
     raise InputError(
-        "backend", f"unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))}"
+        "backend",
+        f"unknown device {kind!r}; choose one of {', '.join((*DEVICE_KINDS, 'auto'))} "
+        f"(or {REPLAY_KIND}: recorded spaces, measured by lookup)",
     )
 
 

@@ -11,6 +11,11 @@ Every command (``tune``, ``bench``, ``kernels``; later the server and the
 workers) looks kernels up here, so plugins are treated exactly like built-ins.
 A plugin that fails to load, or reuses a built-in name, is reported as a
 warning and skipped; it never breaks the built-ins.
+
+Replay kernels (recorded spaces measured by lookup, :mod:`tiletune.kernels.replay_kernels`)
+are added only when ``$TILETUNE_REPLAY_KERNELS`` names their directory, before the plugins
+(a plugin may not take their names). :func:`kernels_for` is what a device of one kind offers:
+a replay device runs the replay kernels alone, and they run on nothing else.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import warnings
 from functools import cache
 
 from tiletune.kernels.errors import UnknownKernelError
+from tiletune.kernels.replay_kernels import REPLAY_KIND, is_replay_kernel, registered_replay_kernels
 from tiletune.kernels.spec import KernelSpec
 
 ENTRY_POINT_GROUP = "tiletune.kernels"
@@ -65,8 +71,9 @@ def builtin_kernels() -> dict[str, KernelSpec]:
 
 @cache
 def all_kernels() -> dict[str, KernelSpec]:
-    """Built-ins plus plugin kernels from the ``tiletune.kernels`` entry points."""
-    kernels = builtin_kernels()
+    """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, then plugin kernels
+    from the ``tiletune.kernels`` entry points. Read once per process."""
+    kernels: dict[str, KernelSpec] = {**builtin_kernels(), **registered_replay_kernels()}
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         try:
             spec = _as_spec(entry.load(), f"entry point {entry.name} ({entry.value})")
@@ -87,3 +94,15 @@ def get_kernel(name: str) -> KernelSpec:
         return kernels[name]
     except KeyError:
         raise UnknownKernelError(name, list(kernels)) from None
+
+
+def runs_on(spec: KernelSpec, device_kind: str) -> bool:
+    """Whether a device of ``device_kind`` runs ``spec``: its ``supports`` says so, and replay
+    kernels go with replay devices alone (the portable kernels support every kind, but a replay
+    device has nothing to run them on)."""
+    return spec.supports(device_kind) and is_replay_kernel(spec) == (device_kind == REPLAY_KIND)
+
+
+def kernels_for(device_kind: str) -> dict[str, KernelSpec]:
+    """The registered kernels a device of ``device_kind`` runs (:func:`runs_on`), by name."""
+    return {name: spec for name, spec in all_kernels().items() if runs_on(spec, device_kind)}

@@ -15,6 +15,7 @@ Modules:
 - ``finalists``: the finalist and winner policy (local tuning and the server share it);
 - ``tune``: local tuning (``tiletune tune``);
 - ``replay``: recorded tuning spaces as a device (no hardware, no noise);
+- ``replay_bench``: the bench of a replay worker (``--backend replay``): measurement by lookup;
 - ``quality``: how good a search was on a recorded space (fraction of the optimum, area under
   the best-so-far curve) and the leave-one-device-out choice of settings;
 - ``worker``: the worker process that leases jobs from a server and measures them;

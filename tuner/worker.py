@@ -84,12 +84,14 @@ from tiletune.client.wire import (
     TrialOutcome,
     WorkerCreate,
 )
-from tiletune.kernels.device import Device, get_device, software_fingerprint
+from tiletune.kernels.device import Device, ReplayDevice, get_device, software_fingerprint
 from tiletune.kernels.errors import InputError, UnknownKernelError
-from tiletune.kernels.registry import all_kernels, get_kernel
+from tiletune.kernels.registry import get_kernel, kernels_for, runs_on
+from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, REPLAY_KIND
 from tiletune.kernels.spec import torch_dtype
 from tiletune.tuner.bench import BenchSettings, KernelBench
 from tiletune.tuner.heartbeat import Heartbeat
+from tiletune.tuner.replay_bench import ReplayBench
 from tiletune.tuner.result import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
@@ -229,9 +231,19 @@ class Worker:
         self._stopping.set()
 
     def registration(self) -> WorkerCreate:
-        """What this worker tells the server about itself: chip, limits, backends, kernels, software."""
+        """What this worker tells the server about itself: chip, limits, backends, kernels, software.
+
+        The kernels are those its device runs (:func:`~tiletune.kernels.registry.kernels_for`);
+        a replay device without replay kernels (``$TILETUNE_REPLAY_KERNELS`` unset) raises
+        :class:`WorkerRejectedError`, since an empty list would lease any job.
+        """
         chip = self._device.chip
-        kernels = {name: spec for name, spec in all_kernels().items() if spec.supports(chip.kind)}
+        kernels = kernels_for(chip.kind)
+        if chip.kind == REPLAY_KIND and not kernels:
+            raise WorkerRejectedError(
+                f"a replay worker needs replay kernels: set ${REPLAY_KERNELS_ENV} to a directory of "
+                "recorded spaces (*.json.gz)"
+            )
         return WorkerCreate(
             name=self.name,
             chip=ChipWire(
@@ -369,7 +381,8 @@ class Worker:
         )
 
     def _bench_for(self, job: LeasedJob) -> KernelBench:
-        """The job's bench (inputs, reference built once); :class:`UnsupportedJobError` if it cannot run."""
+        """The job's bench (inputs, reference built once; a lookup on a replay device);
+        :class:`UnsupportedJobError` if it cannot run here."""
         try:
             spec = get_kernel(job.kernel)
         except UnknownKernelError as error:
@@ -389,6 +402,10 @@ class Worker:
             torch_dtype(job.dtype)
         except InputError as error:
             raise UnsupportedJobError(str(error)) from None
+        if not runs_on(spec, self._device.kind):
+            raise UnsupportedJobError(f"kernel {spec.name} does not run on a {self._device.kind} device")
+        if isinstance(self._device, ReplayDevice):
+            return ReplayBench(spec, shape, job.dtype, self._device, job.backend, self._bench_settings)
         return KernelBench(spec, shape, job.dtype, self._device, job.backend, self._bench_settings)
 
     def _drive(self, job: _Job) -> _Release | None:

@@ -88,7 +88,10 @@ def _format_config(config: Config) -> str:
 
 def _kernel_source(name: str) -> str:
     from tiletune.kernels.registry import ENTRY_POINT_GROUP, builtin_kernels
+    from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, REPLAY_PREFIX, registered_replay_kernels
 
+    if name.startswith(REPLAY_PREFIX) and name in registered_replay_kernels():
+        return f"replay (${REPLAY_KERNELS_ENV})"
     return "builtin" if name in builtin_kernels() else f"plugin ({ENTRY_POINT_GROUP})"
 
 

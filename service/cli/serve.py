@@ -8,7 +8,9 @@ uvicorn, and stopping on SIGINT/SIGTERM.
   ``127.0.0.1:8642``); prints one line with the URL.
 - ``worker``: lease jobs from a server and measure them on this machine until stopped
   (:class:`~tiletune.tuner.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
-  gives the job back.
+  gives the job back. ``--backend replay`` measures the recorded spaces of
+  ``$TILETUNE_REPLAY_KERNELS`` by lookup (chip ``replay/recorded``; ``--replay-trial-ms``
+  simulates each trial's duration).
 - what ``up`` (:mod:`tiletune.service.cli.up`) builds on: :func:`settings_of`, :func:`migrate`,
   :func:`bind`, :func:`uvicorn_server`, :func:`stop_signals`.
 
@@ -46,10 +48,14 @@ from tiletune.service.cli.options import (
 if TYPE_CHECKING:
     import uvicorn
 
+    from tiletune.kernels.device import Device
     from tiletune.service.auth import Tokens
     from tiletune.service.settings import Settings
 
 log = logging.getLogger(__name__)
+
+#: The worker's backend whose device is a recorded space (``tiletune.kernels.replay_kernels``).
+REPLAY_BACKEND = "replay"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8642
@@ -200,9 +206,12 @@ def cmd_worker(args: argparse.Namespace) -> None:
     if not 1 <= args.batch <= MAX_ASK:
         raise BadInputError("batch", f"must be an integer from 1 to {MAX_ASK}, got {args.batch}")
     url, token = server_url(args), server_token(args)
+    device = _replay_device(args)
     _log_to_stderr()
     try:
-        worker = Worker.connect(url, token, backend=args.backend, name=args.name, batch=args.batch)
+        worker = Worker.connect(
+            url, token, backend=args.backend, name=args.name, batch=args.batch, device=device
+        )
     except DeviceUnavailableError as error:
         raise BadInputError("backend", str(error)) from None
     with worker, stop_signals(worker.stop, "the worker after its current trial"):
@@ -210,6 +219,33 @@ def cmd_worker(args: argparse.Namespace) -> None:
             worker.run(once=args.once)
         except WorkerRejectedError as error:
             raise CommandFailedError(str(error)) from None
+
+
+def _replay_device(args: argparse.Namespace) -> Device | None:
+    """The replay device of ``--backend replay`` (with ``--replay-trial-ms``), else None.
+
+    :class:`BadInputError`: ``replay_trial_ms`` without ``--backend replay`` or out of range;
+    ``backend`` when ``$TILETUNE_REPLAY_KERNELS`` names no recorded spaces.
+    """
+    if args.backend != REPLAY_BACKEND:
+        if args.replay_trial_ms is not None:
+            raise BadInputError("replay_trial_ms", "--replay-trial-ms needs --backend replay")
+        return None
+    from tiletune.kernels.device import ReplayDevice
+    from tiletune.kernels.errors import InputError
+    from tiletune.kernels.registry import kernels_for
+    from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV
+
+    if not kernels_for(REPLAY_BACKEND):
+        raise BadInputError(
+            "backend",
+            f"--backend replay needs ${REPLAY_KERNELS_ENV} naming a directory of recorded spaces "
+            "(*.json.gz); the server needs the same",
+        )
+    try:
+        return ReplayDevice(trial_ms=args.replay_trial_ms or 0.0)
+    except InputError as error:
+        raise BadInputError(error.field, error.reason) from None
 
 
 # -- signals ------------------------------------------------------------------------------------
@@ -274,9 +310,15 @@ def add_worker_parser(commands: Commands) -> None:
     add_server_options(worker)
     worker.add_argument(
         "--backend",
-        choices=(*DEVICE_KINDS, "auto"),
+        choices=(*DEVICE_KINDS, REPLAY_BACKEND, "auto"),
         default="auto",
-        help="device to measure on (default: auto = npu, else cuda, else cpu)",
+        help="device to measure on (default: auto = npu, else cuda, else cpu); replay: the recorded "
+        "spaces of $TILETUNE_REPLAY_KERNELS as kernels of one chip, replay/recorded, measured by lookup",
+    )
+    worker.add_argument(
+        "--replay-trial-ms",
+        type=float,
+        help="with --backend replay: simulated duration of each measured config in ms (default 0)",
     )
     worker.add_argument("--once", action="store_true", help="exit when the server has no job for this chip")
     worker.add_argument("--name", help="worker name shown by the server (default: HOSTNAME-PID)")
