@@ -31,11 +31,11 @@ from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, ap
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
 from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError
-from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
+from tiletune.service.reads import Reads
 from tiletune.service.settings import Settings
 from tiletune.service.studies import StudyHost, make_storage, optuna_storage_url
 
@@ -67,7 +67,7 @@ class Services:
     db: Database
     queue: JobQueue
     protocol: WorkerProtocol
-    lookup_cache: LookupCache
+    reads: Reads
     misses: Misses
     tokens: Tokens
     miss_limit: RateLimiter
@@ -97,7 +97,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         db,
         queue,
         WorkerProtocol(db, queue, studies, settings.workers_create_chips),
-        LookupCache(settings.lookup_cache_s),
+        Reads.of(db, settings.index_check_s, settings.lookup_cache_s),
         misses,
         tokens,
         RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
@@ -115,10 +115,13 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         if reaper:
             thread = threading.Thread(target=_reap_forever, args=(services, stop), daemon=True, name="reaper")
             thread.start()
+        watcher = threading.Thread(target=services.reads.index.watch, args=(stop,), daemon=True, name="index")
+        watcher.start()
         yield
         stop.set()
         if thread is not None:
             thread.join(timeout=5)
+        watcher.join(timeout=5)
 
     app = FastAPI(
         title="tiletune",
