@@ -9,7 +9,7 @@ from fastapi.responses import PlainTextResponse
 
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
 from tiletune.service import configs
-from tiletune.service.dependencies import AdminDep, DatabaseDep, ReaderDep, ReadsDep
+from tiletune.service.dependencies import AdminDep, DatabaseDep, ReaderDep, reads_of
 from tiletune.service.exports import accepts_gzip, not_modified
 from tiletune.service.specs import parse_key
 
@@ -22,10 +22,10 @@ Match = Annotated[str, Query(description="loosest answer accepted: exact | neare
 @router.get("/v1/configs/{kernel}", response_model=LookupPublic)
 async def lookup_config(
     kernel: str,
+    request: Request,
     *,
     shape: ShapeQuery,
     chip: str,
-    reads: ReadsDep,
     _reader: ReaderDep,
     dtype: str = "float32",
     match: Match = "default",
@@ -36,7 +36,7 @@ async def lookup_config(
     changes at once, with other replicas' within ``2 * index_check_s``); other answers are
     cached by the replica for ``lookup_cache_s`` (see ``Settings``).
     """
-    body = await reads.lookup(kernel, shape, dtype=dtype, chip=chip, match=match)
+    body = await reads_of(request).lookup(kernel, shape, dtype=dtype, chip=chip, match=match)
     return Response(body, media_type="application/json")
 
 
@@ -46,7 +46,7 @@ async def lookup_config(
     responses={304: {"description": "the bundle is the one ``If-None-Match`` names (no body)"}},
 )
 async def export_configs(
-    request: Request, chip: str, reads: ReadsDep, _reader: ReaderDep, kernel: str | None = None
+    request: Request, chip: str, _reader: ReaderDep, kernel: str | None = None
 ) -> Response:
     """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle.
 
@@ -57,7 +57,7 @@ async def export_configs(
     whose ``If-None-Match`` names it gets ``304 Not Modified``. ``exported_at`` is when this
     replica built the bundle's current content.
     """
-    export = await reads.exports.get(chip, kernel)
+    export = await reads_of(request).exports.get(chip, kernel)
     gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
     headers = {"ETag": export.etag(gzipped), "Vary": "Accept-Encoding", "Cache-Control": "no-cache"}
     if not_modified(request.headers.get("if-none-match"), export):

@@ -131,10 +131,10 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
     )
     app.state.services = services
-    routers = (
+    routers = (  # matched in this order: the lookups (the hottest routes) first
+        api_configs.router,
         api_sweeps.router,
         api_workers.router,
-        api_configs.router,
         api_misses.router,
         api_tokens.router,
     )

@@ -37,7 +37,8 @@ async def _protocol(request: Request) -> WorkerProtocol:
     return protocol
 
 
-async def _reads(request: Request) -> Reads:
+def reads_of(request: Request) -> Reads:
+    """The app's read side (a function, not a dependency: the lookups resolve as few as they can)."""
     reads: Reads = request.app.state.services.reads
     return reads
 
@@ -77,7 +78,10 @@ async def _caller(
 CallerDep = Annotated[Identity, Depends(_caller)]
 
 
-async def _reader(caller: CallerDep, request: Request) -> Identity:
+async def _reader(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Identity:
+    caller = await _caller(request, credentials)  # called, not depended on: one level less per read
     if caller.anonymous and request.app.state.services.settings.open_reads:
         return caller
     return require(caller, Role.READER)
@@ -100,7 +104,6 @@ async def _token_holder(caller: CallerDep) -> Identity:
 
 
 DatabaseDep = Annotated[Database, Depends(_db)]
-ReadsDep = Annotated[Reads, Depends(_reads)]
 ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
 SettingsDep = Annotated[Settings, Depends(_settings)]

@@ -1,8 +1,9 @@
 """The bulk export (``GET /v1/configs?chip=``) as cached bodies: built once per change, revalidated by ETag.
 
 :class:`Exports` keeps, per (chip, kernel), the serialised ``ConfigBundle`` and its gzip, built
-from the in-memory index (:mod:`tiletune.service.index`) in the thread pool, once per index
-version however many requests arrive at once (:class:`~tiletune.service.singleflight.SingleFlight`).
+from the in-memory index (:mod:`tiletune.service.index`) in the thread pool, once per change of
+the chip's entries however many requests arrive at once
+(:class:`~tiletune.service.singleflight.SingleFlight`).
 
 - The body is the bundle as ``ConfigBundle.model_dump_json`` writes it, the entries spliced in
   as each entry serialised itself once; entries in (kernel, shape key, dtype, version) order;
@@ -37,7 +38,7 @@ MAX_BUNDLES = 256
 
 @dataclass(frozen=True)
 class Export:
-    """One bundle, serialised: its tag, identity and gzip bodies, and the index version it is of."""
+    """One bundle, serialised: its tag, identity and gzip bodies, and the chip's index version it is of."""
 
     tag: str
     body: bytes
@@ -67,13 +68,15 @@ class Exports:
         """The bundle of ``chip`` (and ``kernel``) as the index holds it now."""
         snapshot = await self.index.current()
         key = (chip, kernel)
+        version = snapshot.chip_versions.get(chip, 0)
         cached = self._bundles.get(key)
-        if cached is not None and cached.version == snapshot.version:
+        if cached is not None and cached.version == version:
             return cached
-        return await self._flights.run((chip, kernel, snapshot.version), lambda: self._build(snapshot, key))
+        return await self._flights.run((chip, kernel, version), lambda: self._build(snapshot, key))
 
     def _build(self, snapshot: Snapshot, key: tuple[str, str | None]) -> Export:
         chip, kernel = key
+        version = snapshot.chip_versions.get(chip, 0)
         kernels = all_kernels()
         specs = list(kernels.values()) if kernel is None else [kernels[kernel]] if kernel in kernels else []
         chosen = [item for item in snapshot.by_chip.get(chip, {}).items() if kernel in (None, item[0][0])]
@@ -85,7 +88,7 @@ class Exports:
         tag = _tag(chip, infos, checksum)
         cached = self._bundles.get(key)
         if cached is not None and cached.tag == tag:
-            export = Export(tag, cached.body, cached.gzipped, max(cached.version, snapshot.version))
+            export = Export(tag, cached.body, cached.gzipped, max(cached.version, version))
         else:
             shell = ConfigBundle(
                 exported_at=self.db.clock(), chip=chip, kernels=infos, configs=[], checksum=checksum
@@ -93,7 +96,7 @@ class Exports:
             # The entries go where the empty list is: a JSON string cannot hold `"configs":[]` unescaped.
             head, tail = shell.encode().split(b'"configs":[]', 1)
             body = b"".join((head, b'"configs":[', b",".join(entry.wire for entry in entries), b"]", tail))
-            export = Export(tag, body, gzip.compress(body, GZIP_LEVEL, mtime=0), snapshot.version)
+            export = Export(tag, body, gzip.compress(body, GZIP_LEVEL, mtime=0), version)
         if len(self._bundles) >= MAX_BUNDLES and key not in self._bundles:
             self._bundles.clear()
         current = self._bundles.get(key)

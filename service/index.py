@@ -118,6 +118,8 @@ class Snapshot:
     by_chip: Mapping[str, Mapping[EntryKey, Entry]]
     #: Moves whenever the entries change (from any replica).
     version: int
+    #: The ``version`` at which each chip's entries last changed (what an export is cached by).
+    chip_versions: Mapping[str, int]
     #: ``Database.generation`` read before the refresh that made this snapshot.
     generation: int
 
@@ -222,7 +224,7 @@ class BestIndex:
             ).where(condition)
         ).all()
         if not promoted:
-            return Snapshot(old.entries, old.by_chip, old.version, generation)
+            return Snapshot(old.entries, old.by_chip, old.version, old.chip_versions, generation)
         keys = {(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id) for row in promoted}
         if len(keys) > FULL_RELOAD_KEYS:
             return self._reload(session, generation, now)
@@ -230,10 +232,13 @@ class BestIndex:
         self._advance(cursor, [row.id for row in promoted], now)
         entries = {**old.entries, **changed}
         by_chip = dict(old.by_chip)
-        for chip in {key[4] for key in changed}:
+        chips = {key[4] for key in changed}
+        for chip in chips:
             by_chip[chip] = {**by_chip.get(chip, {}), **{k: v for k, v in changed.items() if k[4] == chip}}
+        version = old.version + 1
+        chip_versions = {**old.chip_versions, **dict.fromkeys(chips, version)}
         self.changes += 1
-        return Snapshot(entries, by_chip, old.version + 1, generation)
+        return Snapshot(entries, by_chip, version, chip_versions, generation)
 
     def _reload(self, session: Session, generation: int, now: float) -> Snapshot:
         last_id = session.scalar(select(func.max(PromotionRow.id))) or 0  # before the rows: none missed
@@ -245,7 +250,7 @@ class BestIndex:
         self.reloads += 1
         old = self._snapshot
         version = old.version + 1 if old is not None else 1
-        return Snapshot(entries, by_chip, version, generation)
+        return Snapshot(entries, by_chip, version, dict.fromkeys(by_chip, version), generation)
 
     @staticmethod
     def _advance(cursor: _Cursor, ids: Iterable[int], now: float) -> None:
