@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
-from fastapi.concurrency import run_in_threadpool
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
-from tiletune.kernels import all_kernels
 from tiletune.service import configs
-from tiletune.service.dependencies import AdminDep, DatabaseDep, LookupCacheDep, ReaderDep
-from tiletune.service.lookup import lookup
-from tiletune.service.specs import kernel_info, parse_key
+from tiletune.service.dependencies import AdminDep, DatabaseDep, ReaderDep, reads_of
+from tiletune.service.exports import accepts_gzip, not_modified
+from tiletune.service.specs import parse_key
 
 router = APIRouter(tags=["configs"])
 
@@ -21,49 +19,53 @@ ShapeQuery = Annotated[str, Query(description="dims as name=value pairs, e.g. m=
 Match = Annotated[str, Query(description="loosest answer accepted: exact | nearest | default")]
 
 
-@router.get("/v1/configs/{kernel}")
+@router.get("/v1/configs/{kernel}", response_model=LookupPublic)
 async def lookup_config(
     kernel: str,
+    request: Request,
     *,
     shape: ShapeQuery,
     chip: str,
-    db: DatabaseDep,
-    cache: LookupCacheDep,
     _reader: ReaderDep,
     dtype: str = "float32",
     match: Match = "default",
-) -> LookupPublic:
+) -> Response:
     """The config for one key: ``exact``, else the ``nearest`` tuned shape, else the ``default``.
 
-    Answers are cached by the replica for ``lookup_cache_s`` (see ``Settings``).
+    Exact hits come from the replica's index of best configs (current with this replica's
+    changes at once, with other replicas' within ``2 * index_check_s``); other answers are
+    cached by the replica for ``lookup_cache_s`` (see ``Settings``).
     """
-    key = (kernel, shape, dtype, chip, match)
-    generation = db.generation
-    answer = cache.get(key, generation)
-    if answer is None:
-        answer = await run_in_threadpool(lookup, db, kernel, shape, dtype=dtype, chip=chip, match=match)
-        cache.put(key, generation, answer)
-    return answer
+    body = await reads_of(request).lookup(kernel, shape, dtype=dtype, chip=chip, match=match)
+    return Response(body, media_type="application/json")
 
 
-@router.get("/v1/configs")
-def export_configs(chip: str, db: DatabaseDep, _reader: ReaderDep, kernel: str | None = None) -> ConfigBundle:
+@router.get(
+    "/v1/configs",
+    response_model=ConfigBundle,
+    responses={304: {"description": "the bundle is the one ``If-None-Match`` names (no body)"}},
+)
+async def export_configs(
+    request: Request, chip: str, _reader: ReaderDep, kernel: str | None = None
+) -> Response:
     """Every best config of a chip (optionally one kernel): the client's prefetch and the export bundle.
 
     The bundle carries the info of every registered kernel (or of ``kernel``
     alone; none when it is not registered), so a client can pick the nearest
-    tuned shape without the kernels' code.
+    tuned shape without the kernels' code. Served from a body cached per change of the
+    bundle (gzip-compressed when the request accepts gzip) with a strong ``ETag``; a request
+    whose ``If-None-Match`` names it gets ``304 Not Modified``. ``exported_at`` is when this
+    replica built the bundle's current content.
     """
-    kernels = all_kernels()
-    specs = list(kernels.values()) if kernel is None else [kernels[kernel]] if kernel in kernels else []
-    with db.read() as session:
-        entries = configs.best_configs(session, chip, kernel)
-    return ConfigBundle(
-        exported_at=db.clock(),
-        chip=chip,
-        kernels=[kernel_info(spec) for spec in specs],
-        configs=entries,
-    ).sealed()
+    export = await reads_of(request).exports.get(chip, kernel)
+    gzipped = accepts_gzip(request.headers.get("accept-encoding", ""))
+    headers = {"ETag": export.etag(gzipped), "Vary": "Accept-Encoding", "Cache-Control": "no-cache"}
+    if not_modified(request.headers.get("if-none-match"), export):
+        return Response(status_code=304, headers=headers)
+    if gzipped:
+        headers["Content-Encoding"] = "gzip"
+    body = export.gzipped if gzipped else export.body
+    return Response(body, media_type="application/json", headers=headers)
 
 
 @router.post("/v1/configs/import")

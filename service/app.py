@@ -33,11 +33,11 @@ from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, ap
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
 from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError, UnavailableError
-from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
+from tiletune.service.reads import Reads
 from tiletune.service.searches import SearchHost
 from tiletune.service.settings import Settings
 
@@ -73,7 +73,7 @@ class Services:
     db: Database
     queue: JobQueue
     protocol: WorkerProtocol
-    lookup_cache: LookupCache
+    reads: Reads
     misses: Misses
     tokens: Tokens
     miss_limit: RateLimiter
@@ -101,7 +101,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         db,
         queue,
         WorkerProtocol(db, queue, SearchHost(), settings.workers_create_chips),
-        LookupCache(settings.lookup_cache_s),
+        Reads.of(db, settings.index_check_s, settings.lookup_cache_s),
         misses,
         tokens,
         RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
@@ -119,10 +119,13 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         if reaper:
             thread = threading.Thread(target=_reap_forever, args=(services, stop), daemon=True, name="reaper")
             thread.start()
+        watcher = threading.Thread(target=services.reads.index.watch, args=(stop,), daemon=True, name="index")
+        watcher.start()
         yield
         stop.set()
         if thread is not None:
             thread.join(timeout=5)
+        watcher.join(timeout=5)
 
     app = FastAPI(
         title="tiletune",
@@ -132,10 +135,10 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
     )
     app.state.services = services
-    routers = (
+    routers = (  # matched in this order: the lookups (the hottest routes) first
+        api_configs.router,
         api_sweeps.router,
         api_workers.router,
-        api_configs.router,
         api_misses.router,
         api_tokens.router,
     )

@@ -148,6 +148,11 @@ class Tokens:
             session.add(row)
         return None if admin_secret else secret
 
+    def remembered(self, secret: str) -> Identity | None:
+        """The identity of a token verified within ``cache_s``, else ``None`` (never the database)."""
+        found = self._verified.get(digest(secret))
+        return found[1] if found is not None and found[0] > self._clock() else None
+
     def identify(self, secret: str) -> Identity:
         """The identity of a presented token; :class:`UnauthorizedError` when unknown or revoked."""
         presented = digest(secret)

@@ -2,7 +2,9 @@
 
 The caller's identity comes from ``Authorization: Bearer`` (:mod:`tiletune.service.auth`);
 ``ReaderDep`` lets anonymous callers through when reads are open, the role dependencies
-never do. The dependencies are ``async``, so resolving them costs no thread-pool hop.
+never do. The dependencies are ``async``, so resolving them costs no thread-pool hop; a token
+the replica verified recently is known without the database, any other is verified in the
+thread pool (never a blocking query on the event loop).
 """
 
 from __future__ import annotations
@@ -10,15 +12,16 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from tiletune.client.wire import MAX_DB_INT, Role
 from tiletune.service.auth import ANONYMOUS, Identity, Tokens, require
 from tiletune.service.database import Database
-from tiletune.service.lookup import LookupCache
 from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.ratelimit import RateLimiter
+from tiletune.service.reads import Reads
 from tiletune.service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="a tiletune token (`tiletune token create`)")
@@ -34,9 +37,10 @@ async def _protocol(request: Request) -> WorkerProtocol:
     return protocol
 
 
-async def _lookup_cache(request: Request) -> LookupCache:
-    cache: LookupCache = request.app.state.services.lookup_cache
-    return cache
+def reads_of(request: Request) -> Reads:
+    """The app's read side (a function, not a dependency: the lookups resolve as few as they can)."""
+    reads: Reads = request.app.state.services.reads
+    return reads
 
 
 async def _misses(request: Request) -> Misses:
@@ -65,13 +69,19 @@ async def _caller(
     if credentials is None:
         return ANONYMOUS
     tokens: Tokens = request.app.state.services.tokens
-    return tokens.identify(credentials.credentials)
+    remembered = tokens.remembered(credentials.credentials)  # no database on the lookups' path
+    if remembered is not None:
+        return remembered
+    return await run_in_threadpool(tokens.identify, credentials.credentials)
 
 
 CallerDep = Annotated[Identity, Depends(_caller)]
 
 
-async def _reader(caller: CallerDep, request: Request) -> Identity:
+async def _reader(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Identity:
+    caller = await _caller(request, credentials)  # called, not depended on: one level less per read
     if caller.anonymous and request.app.state.services.settings.open_reads:
         return caller
     return require(caller, Role.READER)
@@ -94,7 +104,6 @@ async def _token_holder(caller: CallerDep) -> Identity:
 
 
 DatabaseDep = Annotated[Database, Depends(_db)]
-LookupCacheDep = Annotated[LookupCache, Depends(_lookup_cache)]
 ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
 SettingsDep = Annotated[Settings, Depends(_settings)]

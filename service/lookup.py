@@ -8,9 +8,12 @@ categorical dims; distance in :mod:`tiletune.client.nearest`), ``default``
 shape's config is adapted to the asked shape (each knob snapped down to the
 values this shape allows) and used only if it is valid for it.
 
-:class:`LookupCache` keeps answers for ``lookup_cache_s``; a promotion or an
-import in this process empties it at once (``Database.generation``, moved after the commit), one in
-another replica is seen within the TTL.
+An exact hit is answered by the route from the in-memory index (:mod:`tiletune.service.index`)
+without this module's query; :func:`lookup` answers the rest (nearest, default, not found).
+:class:`ShapeTexts` remembers the parse of recent shape texts, so a hit parses nothing.
+:class:`LookupCache` keeps the serialised answers of misses for ``lookup_cache_s``, under the
+index's version (moved by a promotion or an import in any replica, as the index sees it), so a
+change drops them as soon as the index holds it.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from tiletune.client.wire import MATCH_KINDS, LookupPublic, Match
 from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
@@ -31,31 +35,66 @@ from tiletune.service.specs import parse_key
 from tiletune.service.views import best_row_public
 
 LookupKey = tuple[str, str, str, str, str]
+#: (kernel name as asked, shape text, dtype): what :class:`ShapeTexts` remembers a parse by.
+ShapeText = tuple[str, str, str]
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    """A lookup's key as the index names it: the spec, the parsed shape and its canonical text."""
+
+    spec: KernelSpec
+    shape: Shape
+    shape_key: str
+    dtype: str
+
+
+class ShapeTexts:
+    """The parses of recent (kernel, shape text, dtype) triples; at most ``max_entries`` (emptied when full).
+
+    Only valid keys are kept: an invalid one is parsed (and refused) again each time.
+    """
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self.max_entries = max_entries
+        self._parsed: dict[ShapeText, ParsedKey] = {}
+
+    def parse(self, kernel: str, shape_text: str, dtype: str) -> ParsedKey:
+        """The key; :class:`InvalidInputError` naming the field when it is not one."""
+        found = self._parsed.get((kernel, shape_text, dtype))
+        if found is not None:
+            return found
+        spec, shape = parse_key(kernel, shape_text, dtype)
+        parsed = ParsedKey(spec, shape, spec.canonical_shape(shape), dtype)
+        if len(self._parsed) >= self.max_entries:
+            self._parsed.clear()
+        self._parsed[(kernel, shape_text, dtype)] = parsed
+        return parsed
 
 
 class LookupCache:
-    """Recent lookup answers by (kernel, shape text, dtype, chip, match), for ``ttl_s`` seconds.
+    """Recent serialised answers by (kernel, shape text, dtype, chip, match), for ``ttl_s`` seconds.
 
-    Entries are dropped when the database's ``generation`` moves (a promotion or an
-    import here) or their TTL passes; at most ``max_entries`` are kept (the
-    whole cache is emptied when full). ``ttl_s`` 0 disables it.
+    Entries are dropped when the ``generation`` they were stored under moves (the index's
+    version) or their TTL passes; at most ``max_entries`` are kept (the whole cache is
+    emptied when full). ``ttl_s`` 0 disables it.
     """
 
     def __init__(self, ttl_s: float, max_entries: int = 100_000, clock: Callable[[], float] = time.monotonic):
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: dict[LookupKey, tuple[float, int, LookupPublic]] = {}
+        self._entries: dict[LookupKey, tuple[float, int, bytes]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: LookupKey, generation: int) -> LookupPublic | None:
+    def get(self, key: LookupKey, generation: int) -> bytes | None:
         """The cached answer, if fresh."""
         found = self._entries.get(key)
         if found is None or found[1] != generation or found[0] < self._clock():
             return None
         return found[2]
 
-    def put(self, key: LookupKey, generation: int, answer: LookupPublic) -> None:
+    def put(self, key: LookupKey, generation: int, answer: bytes) -> None:
         """Keep ``answer`` for ``ttl_s``."""
         if self.ttl_s <= 0:
             return

@@ -24,7 +24,10 @@ class Settings(BaseSettings):
     - ``max_shape_bytes``: a shape whose bench would hold more bytes (inputs, output,
       reference) is refused;
     - ``lookup_cache_s``: how long a replica reuses a single-key lookup's answer
-      (a promotion in the same replica is seen at once; 0 turns the cache off);
+      when it is not an exact hit (a promotion in the same replica is seen at once; 0 turns
+      the cache off);
+    - ``index_check_s``: how often a replica checks the store for best configs other replicas
+      changed (its exact lookups and exports reflect them within twice that; its own at once);
     - ``miss_queue_threshold``: reports of one missed key after which the server
       queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
       the trials of such a job (see ``tiletune.service.misses``); ``miss_reports_per_s`` and
@@ -48,6 +51,7 @@ class Settings(BaseSettings):
     max_jobs_per_sweep: int = Field(default=10_000, ge=1)
     max_shape_bytes: int = Field(default=8 * 2**30, ge=1)
     lookup_cache_s: float = Field(default=2.0, ge=0)
+    index_check_s: float = Field(default=0.5, gt=0, le=3600)
     miss_queue_threshold: int = Field(default=3, ge=0)
     miss_trials: int = Field(default=40, ge=1, le=10_000)
     miss_reports_per_s: float = Field(default=1.0, ge=0)

@@ -1,0 +1,57 @@
+"""What the read routes hold: the index of best configs, the export cache, shape parses, cached misses.
+
+:meth:`Reads.lookup` is the single-key lookup as the route answers it: the key parsed (from the
+cache of recent shape texts), then an exact hit served from the index as its pre-serialised
+body, with no thread-pool hop, no ORM and no validation; anything else (nearest, default, not
+found) through :func:`tiletune.service.lookup.lookup` in the thread pool, its answer kept per
+index version (:class:`~tiletune.service.lookup.LookupCache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi.concurrency import run_in_threadpool
+
+from tiletune.client.wire import MATCH_KINDS
+from tiletune.service.database import Database
+from tiletune.service.errors import InvalidInputError
+from tiletune.service.exports import Exports
+from tiletune.service.index import BestIndex
+from tiletune.service.lookup import LookupCache, ShapeTexts, lookup
+
+
+@dataclass
+class Reads:
+    """The read side of one replica (``app.state.services.reads``)."""
+
+    db: Database
+    index: BestIndex
+    exports: Exports
+    shapes: ShapeTexts
+    answers: LookupCache
+
+    @classmethod
+    def of(cls, db: Database, index_check_s: float, lookup_cache_s: float) -> Reads:
+        """The read side of ``db``: index checked every ``index_check_s``, misses kept ``lookup_cache_s``."""
+        index = BestIndex(db, index_check_s)
+        return cls(db, index, Exports(db, index), ShapeTexts(), LookupCache(lookup_cache_s))
+
+    async def lookup(self, kernel: str, shape: str, *, dtype: str, chip: str, match: str) -> bytes:
+        """The serialised ``LookupPublic`` of one key (see the module docstring)."""
+        if match not in MATCH_KINDS:
+            raise InvalidInputError(f"match must be one of {list(MATCH_KINDS)}, got {match!r}", field="match")
+        key = self.shapes.parse(kernel, shape, dtype)
+        snapshot = await self.index.current()
+        entry = snapshot.entries.get((key.spec.name, key.spec.version, key.shape_key, dtype, chip))
+        if entry is not None:
+            return entry.lookup_body(key.shape)
+        asked = (kernel, shape, dtype, chip, match)
+        body = self.answers.get(asked, snapshot.version)
+        if body is None:
+            answer = await run_in_threadpool(
+                lookup, self.db, kernel, shape, dtype=dtype, chip=chip, match=match
+            )
+            body = answer.model_dump_json().encode()
+            self.answers.put(asked, snapshot.version, body)
+        return body
