@@ -53,6 +53,7 @@ ERRORS = {
     409: "the request clashes with the state (lease_lost: the lease ended)",
     413: "the body is over the size limit",
     422: "a field is invalid; ``field`` names it",
+    500: "a bug in the server (internal_error: the exception's type; the server logs the rest)",
     429: "too many requests of this kind from this token (see Retry-After)",
     503: "the database cannot be reached now (database_unavailable; see Retry-After)",
 }
@@ -147,6 +148,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal_error)
     for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
         app.add_exception_handler(database_fault, _database_error)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
@@ -171,6 +173,13 @@ async def _service_error(_request: Request, error: Exception) -> Response:
     if isinstance(error, RateLimitedError | UnavailableError):
         headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
     return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+
+
+async def _internal_error(request: Request, error: Exception) -> Response:
+    """A bug: 500 ``internal_error`` naming the exception's type (never its text: it may hold data)."""
+    where = f"{request.method} {request.url.path}"
+    message = f"internal error ({type(error).__name__}) in {where}; see the server's log"
+    return JSONResponse(ErrorBody(code="internal_error", message=message).model_dump(), status_code=500)
 
 
 async def _database_error(request: Request, error: Exception) -> Response:

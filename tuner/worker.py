@@ -361,6 +361,9 @@ class Worker:
             return _Release(f"worker {self.name} cannot run this job: {error}", failed=True)
         except (ServerRefusedError, UnexpectedAnswerError) as error:
             logger.error("job %d: %s", job_id, error)
+            if isinstance(error, ServerRefusedError) and error.status >= 500:
+                tries = f"{MAX_SERVER_ERRORS} times in a row"
+                return _Release(f"the server failed on this job {tries}: {error}", failed=True)
             return _Release(f"server rejected the worker's request: {error}", failed=True)
         except Exception as error:  # a bug or a broken device must not kill the worker
             logger.exception("job %d: unexpected error", job_id)
