@@ -19,7 +19,7 @@ import httpx
 
 from tiletune.client.api import AsyncServiceApi
 from tiletune.client.calls import ApiError
-from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.core import MISS_REPORT_ATTEMPTS, ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.keys import key_problem, kind_of
 from tiletune.client.wire import LookupPublic
@@ -110,7 +110,7 @@ class AsyncConfigClient:
         try:
             answer = await self._api.send(self.core.lookup_call(kernel, shape, dtype))
         except ApiError as error:
-            self.core.lookup_failed(error)
+            self.core.lookup_failed(error, kernel, shape, dtype)
             return None
         self.core.server_up()
         return answer
@@ -156,15 +156,18 @@ class AsyncConfigClient:
     async def flush_misses(self) -> bool:
         """Report the misses counted so far in one request; ``False`` when that failed (kept for
         later). Never raises."""
-        misses = self.core.take_misses()
-        if misses is None or self._api is None:
-            return misses is None
-        try:
-            await self._api.send(self.core.misses_call(misses))
-        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
-            self.core.report_failed(misses, error)
-            return False
-        return True
+        for _ in range(MISS_REPORT_ATTEMPTS):
+            misses = self.core.take_misses()
+            if misses is None or self._api is None:
+                return misses is None
+            try:
+                await self._api.send(self.core.misses_call(misses))
+            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+                if not self.core.report_failed(misses, error):
+                    return False
+                continue  # the server refused one key: the others at once
+            return True
+        return False
 
     def _start_reporter(self) -> None:
         if self._reporting or self._api is None or self._closed:

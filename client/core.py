@@ -85,6 +85,9 @@ KernelVersion = Callable[[str], "int | None"]
 #: Seconds a miss report may take (it runs off the launch path).
 MISS_REPORT_TIMEOUT_S = 5.0
 
+#: Reports one flush sends at most (each after the server refused one key of the last).
+MISS_REPORT_ATTEMPTS = 8
+
 #: Keys with misses kept between reports at most (the oldest are dropped beyond).
 MAX_PENDING_MISSES = 10_000
 
@@ -311,6 +314,8 @@ class ClientCore:
             return f"an answer for the kernel {answer.kernel!r}"
         if answer.knob_values is not None:
             return structure_problem(answer.config) or values_problem(answer.config, answer.knob_values)
+        if kernel not in self.known.kernels:
+            self.load_disk()  # the kernels' info of the last bundle this node took
         return config_problem(answer.config, shape, self.known.info_of(kernel, best.kernel_version))
 
     def _installed_version(self, kernel: str) -> int | None:
@@ -430,11 +435,14 @@ class ClientCore:
         """The report of a batch of misses."""
         return calls.report_misses(misses, MISS_REPORT_TIMEOUT_S)
 
-    def lookup_failed(self, error: ApiError) -> bool:
+    def lookup_failed(self, error: ApiError, kernel: str, shape: Mapping[str, int], dtype: str) -> bool:
         """Account for a failed lookup: ``True`` when the server is away (backed off), ``False`` when
-        it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know)."""
+        it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know). A key the
+        server refuses (422: a kernel, shape or dtype it does not take) is never counted as a miss."""
         if isinstance(error, ServerRefusedError) and error.status < 500:
             self.server_up()
+            if error.status == 422:
+                self._refuse_miss((kernel, tuple(shape.items()), dtype))
             return False
         self.server_down(error)
         return True
@@ -488,41 +496,47 @@ class ClientCore:
                 self.warn_once(("miss", kind_of(error)), "tiletune client: a miss not reported: %s", error)
         return MissesCreate(misses=reports) if reports else None
 
-    def report_failed(self, misses: MissesCreate, error: Exception) -> None:
+    def report_failed(self, misses: MissesCreate, error: Exception) -> bool:
         """Account for a report that failed.
 
         A refusal naming one entry (422 ``misses[i]...``: a kernel, shape or dtype the server
         does not take) drops that key for good and keeps the others for the next report; another
         failure worth retrying (no answer, 5xx, 408, 429, an answer that is not the API's, any
         other exception) keeps the misses for the next report; another refusal (4xx) drops them,
-        logged: sending the same batch again would be refused again.
+        logged: sending the same batch again would be refused again. ``True`` when the others
+        may be sent at once (an entry was dropped, others remain).
         """
         named = _MISS_FIELD.match(error.field or "") if isinstance(error, ServerRefusedError) else None
         if named is not None and int(named.group(1)) < len(misses.misses):
             refused = misses.misses[int(named.group(1))]
+            assert isinstance(error, ServerRefusedError)
             self.warn_once(
-                ("miss refused", refused.kernel, tuple(refused.shape.items()), refused.dtype),
-                "tiletune server refused the miss of %s %s %s (%s); it is not reported again",
+                ("miss refused", refused.kernel, error.code, _MISS_FIELD.sub("misses[]", error.field or "")),
+                "tiletune server refused the miss of %s %s %s (%s); such keys are not reported again",
                 refused.kernel,
                 refused.shape,
                 refused.dtype,
                 error,
             )
-            with self.lock:
-                if len(self._refused_misses) >= MAX_REFUSED_MISSES:
-                    self._refused_misses.clear()
-                self._refused_misses.add((refused.kernel, tuple(refused.shape.items()), refused.dtype))
-            self._give_back(
-                MissesCreate.model_construct(misses=[m for m in misses.misses if m is not refused])
-            )
-            return
+            self._refuse_miss((refused.kernel, tuple(refused.shape.items()), refused.dtype))
+            others = [miss for miss in misses.misses if miss is not refused]
+            self._give_back(MissesCreate.model_construct(misses=others))
+            return bool(others)
         if isinstance(error, ServerRefusedError) and error.status < 500 and error.status not in (408, 429):
             log.warning(
                 "tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses)
             )
-            return
+            return False
         log.info("tiletune client: miss report failed (%s); kept for the next one", error)
         self._give_back(misses)
+        return False
+
+    def _refuse_miss(self, key: tuple[str, tuple[tuple[str, int], ...], str]) -> None:
+        """Never count ``key`` (kernel, shape items, dtype) as a miss again: the server refuses it."""
+        with self.lock:
+            if len(self._refused_misses) >= MAX_REFUSED_MISSES:
+                self._refused_misses.clear()
+            self._refused_misses.add(key)
 
     def _give_back(self, misses: MissesCreate) -> None:
         """A report failed: count its misses again for the next one."""
