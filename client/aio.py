@@ -19,9 +19,10 @@ import httpx
 
 from tiletune.client.api import AsyncServiceApi
 from tiletune.client.calls import ApiError
-from tiletune.client.core import MISS_REPORT_ATTEMPTS, ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.keys import key_problem, kind_of
+from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
 from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
@@ -85,7 +86,7 @@ class AsyncConfigClient:
                 error,
             )
             tiling, final = core.default(kernel, shape, dtype), False
-        core.note_miss(tiling, kernel, shape, dtype)
+        core.misses.note(tiling.match, kernel, shape, dtype)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -157,13 +158,13 @@ class AsyncConfigClient:
         """Report the misses counted so far in one request; ``False`` when that failed (kept for
         later). Never raises."""
         for _ in range(MISS_REPORT_ATTEMPTS):
-            misses = self.core.take_misses()
+            misses = self.core.misses.take()
             if misses is None or self._api is None:
                 return misses is None
             try:
-                await self._api.send(self.core.misses_call(misses))
+                await self._api.send(misses_call(misses))
             except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
-                if not self.core.report_failed(misses, error):
+                if not self.core.misses.failed(misses, error):
                     return False
                 continue  # the server refused one key: the others at once
             return True

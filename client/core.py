@@ -45,15 +45,13 @@ send them through :mod:`tiletune.client.api`.
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 from tiletune.client import calls
 from tiletune.client.calls import ApiError, BundleAnswer, Call, ServerRefusedError
@@ -62,44 +60,26 @@ from tiletune.client.disk import DiskCache, default_cache_dir
 from tiletune.client.keys import key_problem, kind_of
 from tiletune.client.knobs import adapt, config_problem, structure_problem, values_problem
 from tiletune.client.known import KnownConfigs
+from tiletune.client.misses import MissLedger
 from tiletune.client.wire import (
     BestConfigPublic,
     ConfigBundle,
     LookupPublic,
     Match,
-    MissesCreate,
-    MissesPublic,
-    MissReport,
     shape_text,
 )
 
 log = logging.getLogger("tiletune.client")
 
-MissMatch = Literal["nearest", "default"]
 MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
 #: The default config of (kernel, shape, dtype, chip name); may raise (the client falls back to ``{}``).
 DefaultRule = Callable[[str, Mapping[str, int], str, str], Mapping[str, int]]
 #: The version of a kernel this process runs, ``None`` when it does not know the kernel.
 KernelVersion = Callable[[str], "int | None"]
 
-#: Seconds a miss report may take (it runs off the launch path).
-MISS_REPORT_TIMEOUT_S = 5.0
-
-#: Reports one flush sends at most (each after the server refused one key of the last).
-MISS_REPORT_ATTEMPTS = 8
-
-#: Keys with misses kept between reports at most (the oldest are dropped beyond).
-MAX_PENDING_MISSES = 10_000
-
 #: Distinct warnings logged at most (then no more: a launch path that goes wrong in ever new
 #: ways must not fill memory or the log).
 MAX_WARNINGS = 10_000
-
-#: Keys the server refused in miss reports remembered at most (forgotten all at once beyond).
-MAX_REFUSED_MISSES = 10_000
-
-#: The entry a server's 422 names in a miss report (``misses[3].shape.n``).
-_MISS_FIELD = re.compile(r"misses\[(\d+)\]")
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +145,8 @@ class ClientCore:
         self._disk_loaded = False
         self._down_until = 0.0
         self._backoff_s = settings.backoff_s
-        self._misses: Counter[tuple[str, tuple[tuple[str, int], ...], str, MissMatch]] = Counter()
-        self._refused_misses: set[tuple[str, tuple[tuple[str, int], ...], str]] = set()
         self._warned: set[object] = set()
+        self.misses = MissLedger(self.chip, self.warn_once)
         #: The ETag of the bundle last taken, per scope (``kernel`` of the export; ``None``: all).
         self.etags: dict[str | None, str] = {}
         #: The scopes prefetched so far, in order (what a refresh fetches again).
@@ -430,11 +409,6 @@ class ClientCore:
         """What a refresh fetches again: every scope prefetched (all of them when one was the chip's)."""
         return [None] if None in self.scopes or not self.scopes else list(self.scopes)
 
-    @staticmethod
-    def misses_call(misses: MissesCreate) -> Call[MissesPublic]:
-        """The report of a batch of misses."""
-        return calls.report_misses(misses, MISS_REPORT_TIMEOUT_S)
-
     def lookup_failed(self, error: ApiError, kernel: str, shape: Mapping[str, int], dtype: str) -> bool:
         """Account for a failed lookup: ``True`` when the server is away (backed off), ``False`` when
         it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know). A key the
@@ -442,7 +416,7 @@ class ClientCore:
         if isinstance(error, ServerRefusedError) and error.status < 500:
             self.server_up()
             if error.status == 422:
-                self._refuse_miss((kernel, tuple(shape.items()), dtype))
+                self.misses.refuse((kernel, tuple(shape.items()), dtype))
             return False
         self.server_down(error)
         return True
@@ -454,96 +428,6 @@ class ClientCore:
             changed = self.known.add_bundle(bundle)
             self.forget_answers()
         return changed
-
-    # -- misses --------------------------------------------------------------------------------
-
-    def note_miss(self, tiling: Tiling, kernel: str, shape: Mapping[str, int], dtype: str) -> None:
-        """Count a nearest or default answer of a (checked) key for the next report."""
-        if tiling.match == "exact":
-            return
-        items = tuple(shape.items())
-        with self.lock:
-            if (kernel, items, dtype) in self._refused_misses:
-                return
-            if len(self._misses) >= MAX_PENDING_MISSES:
-                self._misses.pop(next(iter(self._misses)))
-            match: MissMatch = "nearest" if tiling.match == "nearest" else "default"
-            self._misses[(kernel, items, dtype, match)] += 1
-
-    def take_misses(self) -> MissesCreate | None:
-        """The misses counted since the last report (and forget them), or ``None``.
-
-        A counted key the wire cannot carry is dropped (logged once): a report never fails to build.
-        """
-        with self.lock:
-            if not self._misses:
-                return None
-            pending, self._misses = self._misses, Counter()
-        reports = []
-        for (kernel, shape, dtype, match), count in pending.items():
-            try:
-                reports.append(
-                    MissReport(
-                        kernel=kernel,
-                        shape=dict(shape),
-                        dtype=dtype,
-                        chip=self.chip,
-                        match=match,
-                        count=min(count, 1_000_000),
-                    )
-                )
-            except ValueError as error:
-                self.warn_once(("miss", kind_of(error)), "tiletune client: a miss not reported: %s", error)
-        return MissesCreate(misses=reports) if reports else None
-
-    def report_failed(self, misses: MissesCreate, error: Exception) -> bool:
-        """Account for a report that failed.
-
-        A refusal naming one entry (422 ``misses[i]...``: a kernel, shape or dtype the server
-        does not take) drops that key for good and keeps the others for the next report; another
-        failure worth retrying (no answer, 5xx, 408, 429, an answer that is not the API's, any
-        other exception) keeps the misses for the next report; another refusal (4xx) drops them,
-        logged: sending the same batch again would be refused again. ``True`` when the others
-        may be sent at once (an entry was dropped, others remain).
-        """
-        named = _MISS_FIELD.match(error.field or "") if isinstance(error, ServerRefusedError) else None
-        if named is not None and int(named.group(1)) < len(misses.misses):
-            refused = misses.misses[int(named.group(1))]
-            assert isinstance(error, ServerRefusedError)
-            self.warn_once(
-                ("miss refused", refused.kernel, error.code, _MISS_FIELD.sub("misses[]", error.field or "")),
-                "tiletune server refused the miss of %s %s %s (%s); such keys are not reported again",
-                refused.kernel,
-                refused.shape,
-                refused.dtype,
-                error,
-            )
-            self._refuse_miss((refused.kernel, tuple(refused.shape.items()), refused.dtype))
-            others = [miss for miss in misses.misses if miss is not refused]
-            self._give_back(MissesCreate.model_construct(misses=others))
-            return bool(others)
-        if isinstance(error, ServerRefusedError) and error.status < 500 and error.status not in (408, 429):
-            log.warning(
-                "tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses)
-            )
-            return False
-        log.info("tiletune client: miss report failed (%s); kept for the next one", error)
-        self._give_back(misses)
-        return False
-
-    def _refuse_miss(self, key: tuple[str, tuple[tuple[str, int], ...], str]) -> None:
-        """Never count ``key`` (kernel, shape items, dtype) as a miss again: the server refuses it."""
-        with self.lock:
-            if len(self._refused_misses) >= MAX_REFUSED_MISSES:
-                self._refused_misses.clear()
-            self._refused_misses.add(key)
-
-    def _give_back(self, misses: MissesCreate) -> None:
-        """A report failed: count its misses again for the next one."""
-        with self.lock:
-            for miss in misses.misses:
-                key = (miss.kernel, tuple(miss.shape.items()), miss.dtype, miss.match)
-                self._misses[key] += miss.count
 
 
 def _name(kernel: object) -> str:

@@ -95,22 +95,68 @@ def config_problem(config: object, shape: Mapping[str, int], info: KernelInfo | 
     ``info`` is the kernel's info of the config's kernel version, ``None`` when unknown (then
     the structure alone is checked).
     """
-    problem = structure_problem(config)
-    if problem is not None or info is None:
-        return problem
-    assert isinstance(config, Mapping)
-    try:
-        if info.knobs and set(config) != set(info.knobs):
-            return f"its knobs {sorted(config)} are not the kernel's {sorted(info.knobs)}"
-        allowed = allowed_values(info, shape)
-        if allowed is None:
-            return None
+    return KnobCheck(info).problem(config, shape)
+
+
+class KnobCheck:
+    """:func:`config_problem` for one kernel's info, compiled once (a bundle checks thousands)."""
+
+    def __init__(self, info: KernelInfo | None) -> None:
+        self.knobs: frozenset[str] | None = None
+        #: knob -> (its values, the largest, the dim it is clamped to); empty when not known.
+        self.values: dict[str, tuple[frozenset[int], int, str | None]] = {}
+        self.rule = "min"
+        if info is None:
+            return
+        try:
+            self.knobs = frozenset(info.knobs) or None
+            self.rule = info.clamp_rule
+            if info.knob_values is None or info.clamp_rule not in CLAMP_RULES or self.knobs is None:
+                return
+            values = {}
+            for knob in info.knobs:
+                candidates = info.knob_values.get(knob)
+                if not candidates:
+                    return
+                values[knob] = (frozenset(candidates), max(candidates), info.clamp_to.get(knob))
+            self.values = values
+        except Exception:  # a malformed info: names at most
+            self.values = {}
+
+    def problem(self, config: object, shape: Mapping[str, int]) -> str | None:
+        """Why ``config`` may not be served for ``shape``, or ``None``; never raises."""
+        try:
+            return self._problem(config, shape)
+        except Exception as error:  # a mapping whose methods raise
+            return f"the config cannot be checked ({kind_of(error)})"
+
+    def _problem(self, config: object, shape: Mapping[str, int]) -> str | None:
+        if not isinstance(config, Mapping):
+            return f"the config is a {kind_of(config)}, not a mapping"
+        if self.knobs is None:
+            return structure_problem(config)
+        if config.keys() != self.knobs:
+            return f"its knobs {sorted(map(str, config))} are not the kernel's {sorted(self.knobs)}"
         for name, value in config.items():
-            if value not in allowed[name]:
+            if type(value) is not int or not 0 < value <= MAX_DIM:
+                return f"{name}={value!r} is not a positive int of at most {MAX_DIM}"
+            known = self.values.get(name)
+            if known is not None and not self._allowed(value, known, shape):
                 return f"{name}={value} is outside the kernel's values for this shape"
-    except Exception as error:
-        return f"the config cannot be checked ({kind_of(error)})"
-    return None
+        return None
+
+    def _allowed(
+        self, value: int, known: tuple[frozenset[int], int, str | None], shape: Mapping[str, int]
+    ) -> bool:
+        """Whether ``value`` is one of :func:`clamped` (the candidates under the dim), without building it."""
+        candidates, largest, dim_name = known
+        if dim_name is None:
+            return value in candidates
+        dim = shape.get(dim_name)
+        if type(dim) is not int or dim <= 0:
+            return False
+        cap = max(pow2_ceil(dim), min(candidates)) if self.rule == "pow2_ceil" else dim
+        return (value in candidates and value <= cap) or (value == cap and largest >= cap)
 
 
 def values_problem(config: Mapping[str, int], values: Mapping[str, Sequence[int]]) -> str | None:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 
-from tiletune.client.knobs import config_problem
+from tiletune.client.knobs import KnobCheck
 from tiletune.client.nearest import nearest
 from tiletune.client.wire import BestConfigPublic, ConfigBundle, KernelInfo
 
@@ -47,6 +47,7 @@ class KnownConfigs:
         self.kernels: dict[str, KernelInfo] = {}
         self._entries: dict[EntryKey, BestConfigPublic] = {}
         self._on_refused = on_refused
+        self._checks: dict[tuple[str, int], KnobCheck] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -66,6 +67,7 @@ class KnownConfigs:
                 renewed.add(info.name)
             self.kernels[info.name] = info
         if renewed:
+            self._checks = {key: check for key, check in self._checks.items() if key[0] not in renewed}
             self._recheck(renewed)
         changed = 0
         for entry in entries:
@@ -84,7 +86,11 @@ class KnownConfigs:
         return info if info is not None and (version is None or info.version == version) else None
 
     def _accepts(self, entry: BestConfigPublic) -> bool:
-        problem = config_problem(entry.config, entry.shape, self.info_of(entry.kernel, entry.kernel_version))
+        key = (entry.kernel, entry.kernel_version)
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = KnobCheck(self.info_of(*key))
+        problem = check.problem(entry.config, entry.shape)
         if problem is not None and self._on_refused is not None:
             self._on_refused(entry, problem)
         return problem is None

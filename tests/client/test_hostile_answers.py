@@ -145,7 +145,7 @@ def test_a_miss_the_server_refuses_is_dropped_alone_and_never_counted_again(
         assert len(sent) == 2
         client.core.forget_answers()
         client.get("not_registered", {"n": 1})
-        assert client.core.take_misses() is None  # refused once: never counted again
+        assert client.core.misses.take() is None  # refused once: never counted again
 
 
 def test_a_key_the_lookup_refuses_is_never_counted(hostile: HostileServer, tmp_path: Path) -> None:
@@ -153,7 +153,7 @@ def test_a_key_the_lookup_refuses_is_never_counted(hostile: HostileServer, tmp_p
     hostile.answer("/v1/configs/not_registered", json_reply(error, status=422))
     with ConfigClient(hostile.url, CHIP, settings=settings(tmp_path)) as client:
         assert client.get("not_registered", {"n": 1}).match == "default"
-        assert client.core.take_misses() is None
+        assert client.core.misses.take() is None
         assert client.core.server_usable()  # a refusal is an answer: no back-off
 
 

@@ -131,7 +131,7 @@ def test_the_background_threads_outlive_bad_keys(tuned: ConfigClient, server: Li
 def test_a_bad_key_is_the_default_logged_once_never_asked_never_counted(
     tuned: ConfigClient, caplog: pytest.LogCaptureFixture, shape: Any
 ) -> None:
-    tuned.core.take_misses()
+    tuned.core.misses.take()
     with caplog.at_level(logging.WARNING, logger="tiletune.client"):
         answers = [tuned.get("add", shape) for _ in range(1000)]
     assert {(a.match, a.source) for a in answers} == {("default", "default")}
@@ -139,7 +139,7 @@ def test_a_bad_key_is_the_default_logged_once_never_asked_never_counted(
     assert all(dict(a.config) in ({}, default_of("add", {"n": 64})) for a in answers)
     assert sum("bad launch key" in r.getMessage() for r in caplog.records) == 1
     assert len(caplog.records) <= 2  # and, at most, once that the default rule has no config for it
-    assert tuned.core.take_misses() is None
+    assert tuned.core.misses.take() is None
 
 
 def test_a_bad_key_never_takes_the_place_of_a_good_one(tuned: ConfigClient) -> None:
