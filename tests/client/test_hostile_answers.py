@@ -320,3 +320,12 @@ def test_a_nearest_config_is_adapted_to_the_asked_shape(hostile: HostileServer, 
         spec = get_kernel("add")
         a, b = spec.make_inputs({"n": 1000}, "float32", get_device("cpu").torch_device)
         assert select_config("add", a, b, client=client).source == "client"  # the launcher takes it
+
+
+def test_an_etag_that_may_not_be_sent_back_is_not_kept(hostile: HostileServer, tmp_path: Path) -> None:
+    body = bundle_json([entry("add", {"n": 65536}, ADD_CONFIG)])
+    hostile.answer("/v1/configs", json_reply(body, etag='"with a space" and more, ' + "x" * 300))
+    with ConfigClient(hostile.url, CHIP, settings=settings(tmp_path)) as client:
+        assert client.prefetch() == 1
+        assert client.prefetch() == 1
+    assert [seen.headers.get("if-none-match") for seen in hostile.requests("/v1/configs")] == [None, None]
