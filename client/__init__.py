@@ -10,6 +10,8 @@ kernel's default, and never raise on the launch path. Modules:
 - ``calls``: every ``/v1`` call as data, and the one set of errors a call raises;
 - ``wire``: the request and response schemas and the vocabularies (states, strategies, dtypes);
 - ``known``: the best configs known for a chip and the choice among them;
+- ``keys``: what a launch key must be; ``knobs``: a config checked against its kernel's knobs;
+- ``misses``: the misses counted and reported in batches;
 - ``nearest``: the shape distance of the nearest-shape fallback (also the server's);
 - ``disk``: the on-disk cache of a node; ``chip``: chip identity and software, without torch.
 

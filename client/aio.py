@@ -21,6 +21,8 @@ from tiletune.client.api import AsyncServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
+from tiletune.client.keys import key_problem, kind_of
+from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
 from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
@@ -55,21 +57,36 @@ class AsyncConfigClient:
         return self.core.chip
 
     async def get(self, kernel: str, shape: Mapping[str, int], dtype: str = "float32") -> Tiling:
-        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip. Never raises."""
-        key: MemoKey = (kernel, dtype, tuple(shape.items()))
-        found = self.core.memo.get(key)
-        if found is not None:
-            return found
-        return await self._decide(kernel, shape, dtype, key)
+        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip.
 
-    async def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str, key: MemoKey) -> Tiling:
+        Never raises, whatever it is given (as the sync client's ``get``); a known key costs
+        one dict lookup.
+        """
+        try:
+            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
+            if found is not None:
+                return found
+            return await self._decide(kernel, shape, dtype)
+        except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+
+    async def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
         core = self.core
+        problem = key_problem(kernel, shape, dtype)
+        if problem is not None:
+            return core.bad_input(kernel, shape, dtype, problem)
+        key: MemoKey = (kernel, dtype, tuple(shape.items()))
         try:
             tiling, final = await self._resolve(kernel, shape, dtype)
         except Exception as error:  # the caller's launch must go on
-            log.warning("tiletune client: falling back to the default for %s: %s", kernel, error)
+            core.warn_once(
+                ("decide", kernel, kind_of(error)),
+                "tiletune client: falling back to the default for %s: %s",
+                kernel,
+                error,
+            )
             tiling, final = core.default(kernel, shape, dtype), False
-        core.note_miss(tiling, shape, dtype)
+        core.misses.note(tiling.match, kernel, shape, dtype)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -81,7 +98,7 @@ class AsyncConfigClient:
         if self._api is not None and core.server_usable():
             answer = await self._ask_server(kernel, shape, dtype)
             if answer is not None:
-                tiling = core.from_server(answer)
+                tiling = core.from_server(answer, kernel, shape)
                 if tiling is not None:
                     return tiling, tiling.match == "exact"
         core.load_disk()
@@ -94,28 +111,33 @@ class AsyncConfigClient:
         try:
             answer = await self._api.send(self.core.lookup_call(kernel, shape, dtype))
         except ApiError as error:
-            self.core.lookup_failed(error)
+            self.core.lookup_failed(error, kernel, shape, dtype)
             return None
         self.core.server_up()
         return answer
 
     async def prefetch(self, kernel: str | None = None) -> int:
-        """Fill the cache with every config of this chip (or one kernel) in one request (as the sync one)."""
+        """Fill the cache with every config of this chip (or one kernel) in one request.
+
+        As the sync client's: how many configs arrived; never raises (0, logged, the server
+        backed off, for an answer that is not a bundle); conditional on the ETag held (a
+        ``304`` keeps the bundle and returns 0); with ``refresh_s``, a task refreshes.
+        """
+        core = self.core
         if self._api is None:
-            self.core.load_disk()
+            core.load_disk()
             return 0
         try:
-            bundle = await self._api.send(self.core.bulk_call(kernel))
-        except ApiError as error:
-            self.core.server_down(error)
-            self.core.load_disk()
+            answer = await self._api.send(core.bulk_call(kernel))
+            count = core.take_answer(answer, kernel)
+        except Exception as error:  # no answer, an error status, a body that is not a bundle, ...
+            core.prefetch_failed(error)
+            self._start_refresher()
             return 0
-        self.core.take_bundle(bundle)
-        self.core.prefetched = True
-        if self.core.disk is not None:
-            await asyncio.to_thread(self.core.disk.save, bundle)
+        if answer.bundle is not None and core.disk is not None:
+            await asyncio.to_thread(core.disk.save, answer.bundle)
         self._start_refresher()
-        return len(bundle.configs)
+        return count
 
     async def export_bundle(self, path: Path) -> int:
         """Write every config known here to ``path``; how many."""
@@ -133,16 +155,20 @@ class AsyncConfigClient:
         return changed
 
     async def flush_misses(self) -> bool:
-        """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
-        misses = self.core.take_misses()
-        if misses is None or self._api is None:
-            return misses is None
-        try:
-            await self._api.send(self.core.misses_call(misses))
-        except ApiError as error:
-            self.core.report_failed(misses, error)
-            return False
-        return True
+        """Report the misses counted so far in one request; ``False`` when that failed (kept for
+        later). Never raises."""
+        for _ in range(MISS_REPORT_ATTEMPTS):
+            misses = self.core.misses.take()
+            if misses is None or self._api is None:
+                return misses is None
+            try:
+                await self._api.send(misses_call(misses))
+            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+                if not self.core.misses.failed(misses, error):
+                    return False
+                continue  # the server refused one key: the others at once
+            return True
+        return False
 
     def _start_reporter(self) -> None:
         if self._reporting or self._api is None or self._closed:
@@ -160,13 +186,20 @@ class AsyncConfigClient:
             )
 
     async def _every(self, period_s: float, refresh: bool = False) -> None:
+        """Every ``period_s``: refresh every scope prefetched, or report the misses. Survives any
+        exception (logged once per kind); ends when cancelled."""
         while True:
             await asyncio.sleep(period_s)
-            if refresh:
-                await self.prefetch()
-            else:
-                self.core.expire()
-                await self.flush_misses()
+            try:
+                if refresh:
+                    for scope in self.core.refresh_scopes():
+                        await self.prefetch(scope)
+                else:
+                    self.core.expire()
+                    await self.flush_misses()
+            except Exception as error:
+                name = "refresher" if refresh else "reporter"
+                self.core.warn_once((name, kind_of(error)), "tiletune client: %s: %s", name, error)
 
     async def close(self) -> None:
         """Stop the background tasks, report the last misses, close the connection."""

@@ -30,9 +30,11 @@ import httpx
 
 from tiletune.client import calls
 from tiletune.client.calls import (
+    ApiError,
     Call,
     ServerRefusedError,
     ServerUnreachableError,
+    UnexpectedAnswerError,
     checked,
     redacted,
 )
@@ -131,6 +133,16 @@ def http_client(
     )
 
 
+def _failure(url: str, call: Call[R], error: httpx.HTTPError) -> ApiError:
+    """The call's error for an httpx failure: no answer, or an answer that cannot be read
+    (a body that does not decode as its ``Content-Encoding`` says, too many redirects)."""
+    if isinstance(error, httpx.TransportError):
+        return ServerUnreachableError(f"cannot reach the server at {url} ({type(error).__name__}: {error})")
+    return UnexpectedAnswerError(
+        f"{url}{redacted(call.path)} answered something that cannot be read ({type(error).__name__})"
+    )
+
+
 def _server_fault(error: Exception) -> str | None:
     """What went wrong if it is worth retrying (no answer, 5xx), else ``None``."""
     if isinstance(error, ServerUnreachableError):
@@ -209,10 +221,8 @@ class ServiceApi:
     def _once(self, call: Call[R]) -> R:
         try:
             response = self._http.request(call.method, call.path, **call.request_kwargs())
-        except httpx.TransportError as error:
-            raise ServerUnreachableError(
-                f"cannot reach the server at {self.url} ({type(error).__name__}: {error})"
-            ) from None
+        except httpx.HTTPError as error:
+            raise _failure(self.url, call, error) from None
         return call.decode(checked(call.path, response))
 
     # -- sweeps, jobs, configs, misses ----------------------------------------------------------
@@ -309,10 +319,8 @@ class AsyncServiceApi:
         """Send ``call`` once."""
         try:
             response = await self._http.request(call.method, call.path, **call.request_kwargs())
-        except httpx.TransportError as error:
-            raise ServerUnreachableError(
-                f"cannot reach the server at {self.url} ({type(error).__name__}: {error})"
-            ) from None
+        except httpx.HTTPError as error:
+            raise _failure(self.url, call, error) from None
         return call.decode(checked(call.path, response))
 
     async def lookup(

@@ -151,13 +151,21 @@ def error_body(response: httpx.Response) -> ErrorBody | None:
 
 
 def checked(path: str, response: httpx.Response) -> httpx.Response:
-    """``response`` if it is a success, else the error it stands for."""
-    if response.is_success:
+    """``response`` if it is a success, or a ``304 Not Modified`` to a conditional request (one
+    with ``If-None-Match``: its call's decoder reads it), else the error it stands for."""
+    if response.is_success or (response.status_code == 304 and _conditional(response)):
         return response
     error = error_body(response)
     if response.status_code == 409 and error is not None and error.code == LEASE_LOST_CODE:
         raise LeaseLostError(error.message, path)
     raise ServerRefusedError(path, response.status_code, error, response.text)
+
+
+def _conditional(response: httpx.Response) -> bool:
+    try:
+        return "if-none-match" in response.request.headers
+    except RuntimeError:  # a response built without its request
+        return False
 
 
 def document(model: type[Document]) -> Callable[[httpx.Response], Document]:
@@ -216,6 +224,44 @@ def configs(chip: str, kernel: str | None = None, timeout_s: float | None = None
     """``GET /v1/configs?chip=[&kernel=]``: the bulk export of a chip's best configs."""
     params = {"chip": chip, **({"kernel": kernel} if kernel else {})}
     return Call("GET", "/v1/configs", document(ConfigBundle), params, timeout_s=timeout_s)
+
+
+#: An entity tag as RFC 9110 writes it (``"abc"``, ``W/"abc"``), or a bare token some servers send.
+_ETAG = re.compile(r'(W/)?"[\x21\x23-\x7e]{0,256}"|[\x21\x23-\x2b\x2d-\x7e]{1,256}')
+
+
+def usable_etag(value: str | None) -> str | None:
+    """``value`` if it is an entity tag that may be sent back in ``If-None-Match``, else ``None``."""
+    return value if value is not None and _ETAG.fullmatch(value) else None
+
+
+@dataclass(frozen=True)
+class BundleAnswer:
+    """A conditional bulk export's answer: the bundle and its ``ETag``, or ``bundle`` ``None``
+    when the server answered ``304 Not Modified`` (the bundle of that ETag is current)."""
+
+    bundle: ConfigBundle | None
+    etag: str | None
+
+
+def configs_since(
+    chip: str, kernel: str | None, timeout_s: float | None, etag: str | None
+) -> Call[BundleAnswer]:
+    """``GET /v1/configs`` with ``If-None-Match: etag`` (when given): :class:`BundleAnswer`.
+
+    The ETag of the answer is kept only if it may be sent back (:func:`usable_etag`).
+    """
+    decode_bundle = document(ConfigBundle)
+
+    def decode(response: httpx.Response) -> BundleAnswer:
+        if response.status_code == 304:
+            return BundleAnswer(None, etag)
+        return BundleAnswer(decode_bundle(response), usable_etag(response.headers.get("etag")))
+
+    params = {"chip": chip, **({"kernel": kernel} if kernel else {})}
+    sendable = usable_etag(etag)
+    headers = {"If-None-Match": sendable} if sendable is not None else None
+    return Call("GET", "/v1/configs", decode, params, timeout_s=timeout_s, headers=headers)
 
 
 def report_misses(misses: MissesCreate, timeout_s: float | None = None) -> Call[MissesPublic]:

@@ -16,9 +16,23 @@ No network I/O here (the clients do it); the rules:
 - An entry tuned with another kernel version is never used; one tuned with
   other software is used and marked ``stale`` with the differences.
 - Nearest and default answers are counted as misses, reported later in
-  batches by the client, off the launch path.
+  batches by the client, off the launch path. A key the server refused in a
+  report (422 naming it) is dropped from the batch and never counted again.
 - The server is backed off after a failure (no answer, 5xx, an answer that is not the
-  API's): ``backoff_s``, doubling up to ``max_backoff_s``; one success resets it.
+  API's: an HTML page, another schema, a body that does not decode): ``backoff_s``,
+  doubling up to ``max_backoff_s``; one success resets it.
+- Nothing is served unchecked (:mod:`tiletune.client.knobs`): an entry of a bundle, of
+  the disk cache or of a lookup is taken only if its config passes the check against the
+  kernel's knobs (the bundle's :class:`~tiletune.client.wire.KernelInfo`; the lookup's
+  ``knob_values`` when the server sends them); a refused one is logged once per key and
+  the key is decided without it (ending at the default). A nearest entry's config is
+  adapted to the asked shape (each knob snapped down to the values it allows).
+- A launch never raises: a key that is not one (:func:`tiletune.client.keys.key_problem`:
+  ``None``, a list, unhashable or non-int dims, ...) is answered with the default, logged
+  once per kind of problem, and neither asked about nor counted as a miss; the background
+  thread and tasks survive any exception (logged once per kind).
+- The bulk export is conditional: ``If-None-Match`` with the ETag of the bundle held from
+  the last export of the same scope; a ``304 Not Modified`` keeps it (nothing new counted).
 - The default config and the kernel version this process runs come from the callables in
   :class:`ClientSettings` (``tiletune.kernels.client_settings()`` hands over the installed
   kernels'); without them the default is ``{}`` (the launcher then applies the kernel's own
@@ -33,43 +47,39 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
 from tiletune.client import calls
-from tiletune.client.calls import ApiError, Call, ServerRefusedError
+from tiletune.client.calls import ApiError, BundleAnswer, Call, ServerRefusedError
 from tiletune.client.chip import detect_chip, software_fingerprint
 from tiletune.client.disk import DiskCache, default_cache_dir
+from tiletune.client.keys import key_problem, kind_of
+from tiletune.client.knobs import adapt, config_problem, structure_problem, values_problem
 from tiletune.client.known import KnownConfigs
+from tiletune.client.misses import MissLedger
 from tiletune.client.wire import (
     BestConfigPublic,
     ConfigBundle,
     LookupPublic,
     Match,
-    MissesCreate,
-    MissesPublic,
-    MissReport,
     shape_text,
 )
 
 log = logging.getLogger("tiletune.client")
 
-MissMatch = Literal["nearest", "default"]
 MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
 #: The default config of (kernel, shape, dtype, chip name); may raise (the client falls back to ``{}``).
 DefaultRule = Callable[[str, Mapping[str, int], str, str], Mapping[str, int]]
 #: The version of a kernel this process runs, ``None`` when it does not know the kernel.
 KernelVersion = Callable[[str], "int | None"]
 
-#: Seconds a miss report may take (it runs off the launch path).
-MISS_REPORT_TIMEOUT_S = 5.0
-
-#: Keys with misses kept between reports at most (the oldest are dropped beyond).
-MAX_PENDING_MISSES = 10_000
+#: Distinct warnings logged at most (then no more: a launch path that goes wrong in ever new
+#: ways must not fill memory or the log).
+MAX_WARNINGS = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +135,7 @@ class ClientCore:
         self.chip = detect_chip() if chip == "auto" else chip
         self.settings = settings
         self.clock = clock
-        self.known = KnownConfigs(self.chip)
+        self.known = KnownConfigs(self.chip, on_refused=self._refused_entry)
         self.disk = DiskCache(settings.cache_dir, self.chip) if settings.cache_dir is not None else None
         self.software = software_fingerprint()
         self.memo: dict[MemoKey, Tiling] = {}
@@ -135,7 +145,38 @@ class ClientCore:
         self._disk_loaded = False
         self._down_until = 0.0
         self._backoff_s = settings.backoff_s
-        self._misses: Counter[tuple[str, tuple[tuple[str, int], ...], str, MissMatch]] = Counter()
+        self._warned: set[object] = set()
+        self.misses = MissLedger(self.chip, self.warn_once)
+        #: The ETag of the bundle last taken, per scope (``kernel`` of the export; ``None``: all).
+        self.etags: dict[str | None, str] = {}
+        #: The scopes prefetched so far, in order (what a refresh fetches again).
+        self.scopes: list[str | None] = []
+
+    # -- logging, once -------------------------------------------------------------------------
+
+    def warn_once(self, kind: object, message: str, *args: object) -> None:
+        """Log ``message`` the first time ``kind`` (hashable) is seen; never raises."""
+        try:
+            if kind in self._warned or len(self._warned) > MAX_WARNINGS:
+                return
+            self._warned.add(kind)
+            if len(self._warned) > MAX_WARNINGS:
+                log.warning("tiletune client: %d distinct warnings; no more are logged", MAX_WARNINGS)
+                return
+            log.warning(message, *args)
+        except Exception:  # an unhashable kind, a failing handler: the caller goes on
+            return
+
+    def _refused_entry(self, entry: BestConfigPublic, problem: str) -> None:
+        """An entry failed the check (see :class:`KnownConfigs`): logged once per key."""
+        key = (entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype)
+        self.warn_once(
+            ("entry", *key),
+            "tiletune client: refusing the config %s of %s v%d %s %s: %s; the key is decided without it",
+            entry.config,
+            *key,
+            problem,
+        )
 
     # -- memory --------------------------------------------------------------------------------
 
@@ -200,7 +241,7 @@ class ClientCore:
         self.known.add_bundle(self.disk.load())
 
     def from_known(self, kernel: str, shape: Mapping[str, int], dtype: str, source: str) -> Tiling | None:
-        """An exact, else nearest, answer from the entries known in memory."""
+        """An exact, else nearest (adapted to ``shape``), answer from the entries known in memory."""
         version = self._version(kernel)
         if version is None:
             return None
@@ -208,7 +249,10 @@ class ClientCore:
         if entry is not None:
             return self._tiling(entry, "exact", source)
         near = self.known.nearest(kernel, version, shape, dtype)
-        return self._tiling(near[1], "nearest", source) if near is not None else None
+        if near is None:
+            return None
+        config = adapt(near[1].config, shape, self.known.info_of(kernel, version))
+        return self._tiling(near[1], "nearest", source, config=config) if config is not None else None
 
     def exact_known(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling | None:
         """An exact answer from the entries known in memory."""
@@ -216,15 +260,42 @@ class ClientCore:
         entry = self.known.exact(kernel, version, shape, dtype) if version is not None else None
         return self._tiling(entry, "exact", "memory") if entry is not None else None
 
-    def from_server(self, answer: LookupPublic) -> Tiling | None:
-        """The server's answer, unless it was tuned with another kernel version than ours."""
-        if answer.match == "default" or answer.best is None:
+    def from_server(self, answer: LookupPublic, kernel: str, shape: Mapping[str, int]) -> Tiling | None:
+        """The server's answer to the lookup of ``kernel`` at ``shape``, unless it was tuned with
+        another kernel version than ours or its config fails the check (logged once per key)."""
+        best = answer.best
+        if answer.match == "default" or best is None:
             return None
-        version = self._version(answer.kernel)
-        if version is not None and answer.best.kernel_version != version:
+        version = self._version(kernel)
+        if version is not None and best.kernel_version != version:
             return None
-        self.known.add([answer.best])
-        return self._tiling(answer.best, answer.match, "server", config=answer.config)
+        problem = self._answer_problem(answer, best, kernel, shape)
+        if problem is not None:
+            self.warn_once(
+                ("answer", kernel, tuple(shape.items()), answer.dtype),
+                "tiletune client: refusing the server's config %s for %s %s %s: %s",
+                answer.config,
+                kernel,
+                dict(shape),
+                answer.dtype,
+                problem,
+            )
+            return None
+        self.known.add([best])
+        return self._tiling(best, answer.match, "server", config=answer.config)
+
+    def _answer_problem(
+        self, answer: LookupPublic, best: BestConfigPublic, kernel: str, shape: Mapping[str, int]
+    ) -> str | None:
+        """Why a lookup's answer may not be served: another kernel's, or a config that fails the
+        check (against the answer's ``knob_values``, else the kernel's info of the entry's version)."""
+        if answer.kernel != kernel or best.kernel != kernel:
+            return f"an answer for the kernel {answer.kernel!r}"
+        if answer.knob_values is not None:
+            return structure_problem(answer.config) or values_problem(answer.config, answer.knob_values)
+        if kernel not in self.known.kernels:
+            self.load_disk()  # the kernels' info of the last bundle this node took
+        return config_problem(answer.config, shape, self.known.info_of(kernel, best.kernel_version))
 
     def _installed_version(self, kernel: str) -> int | None:
         rule = self.settings.kernel_version
@@ -236,15 +307,39 @@ class ClientCore:
             return None
 
     def default(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
-        """The kernel's built-in rule for this chip (``{}`` when no rule was handed over or it failed)."""
+        """The kernel's built-in rule for this chip: ``{}`` when no rule was handed over, it failed
+        or it gave no config (logged once per kernel and kind of failure). Never raises."""
         config: dict[str, int] = {}
         rule = self.settings.default_rule
         if rule is not None:
             try:
-                config = dict(rule(kernel, shape, dtype, self.chip))
+                given = rule(kernel, shape, dtype, self.chip)
+                problem = structure_problem(given)
+                if problem is not None:
+                    raise ValueError(problem)
+                config = dict(given)
             except Exception as error:  # never break the caller: unknown kernel, bad shape, ...
-                log.warning("no default config for %s %s: %s", kernel, dict(shape), error)
-        return Tiling(kernel, MappingProxyType(config), "default", "default")
+                self.warn_once(
+                    ("default", _name(kernel), kind_of(error)),
+                    "tiletune client: no default config for %s (%s: %s); using {}",
+                    _name(kernel),
+                    kind_of(error),
+                    error,
+                )
+        return Tiling(_name(kernel), MappingProxyType(config), "default", "default")
+
+    def bad_input(self, kernel: object, shape: object, dtype: object, cause: str | Exception) -> Tiling:
+        """The answer to a launch key the client cannot take (see the module docstring): the
+        default, logged once per kind of problem (``cause``, or what raised reading the key).
+        Never raises."""
+        try:
+            problem = cause if isinstance(cause, str) else key_problem(kernel, shape, dtype) or kind_of(cause)
+            self.warn_once(
+                ("key", problem), "tiletune client: a bad launch key (%s); answering the default", problem
+            )
+            return self.default(kernel, shape, dtype)  # type: ignore[arg-type]  # the rule may refuse it
+        except Exception:
+            return Tiling(_name(kernel), MappingProxyType({}), "default", "default")
 
     def _tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
         """An answer from an entry, marked stale when its software differs from ours."""
@@ -274,20 +369,54 @@ class ClientCore:
             timeout_s=self.settings.timeout_s,
         )
 
-    def bulk_call(self, kernel: str | None) -> Call[ConfigBundle]:
-        """The bulk export of this chip's configs (optionally one kernel's)."""
-        return calls.configs(self.chip, kernel, self.settings.prefetch_timeout_s)
+    def bulk_call(self, kernel: str | None) -> Call[BundleAnswer]:
+        """The bulk export of this chip's configs (optionally one kernel's), conditional on the
+        ETag of the bundle last taken of that scope."""
+        return calls.configs_since(
+            self.chip, kernel, self.settings.prefetch_timeout_s, self.etags.get(kernel)
+        )
 
-    @staticmethod
-    def misses_call(misses: MissesCreate) -> Call[MissesPublic]:
-        """The report of a batch of misses."""
-        return calls.report_misses(misses, MISS_REPORT_TIMEOUT_S)
+    def take_answer(self, answer: BundleAnswer, kernel: str | None) -> int:
+        """Take a bulk export's answer: how many configs arrived (0 for a ``304``: the bundle
+        held is current). Afterwards launches make no HTTP call."""
+        self.server_up()
+        if kernel not in self.scopes:
+            self.scopes.append(kernel)
+        bundle = answer.bundle
+        if bundle is None:
+            with self.lock:
+                self.load_disk()
+            self.prefetched = True
+            return 0
+        self.take_bundle(bundle)
+        if answer.etag is not None:
+            self.etags[kernel] = answer.etag
+        else:
+            self.etags.pop(kernel, None)
+        self.prefetched = True
+        return len(bundle.configs)
 
-    def lookup_failed(self, error: ApiError) -> bool:
+    def prefetch_failed(self, error: Exception) -> None:
+        """A bulk export failed (no answer, an error, a body that is not a bundle): back off,
+        and serve from the disk cache."""
+        self.server_down(error)
+        try:
+            self.load_disk()
+        except Exception as failure:  # the disk's contract is never to raise; still, go on
+            self.warn_once(("disk", kind_of(failure)), "tiletune client: disk cache: %s", failure)
+
+    def refresh_scopes(self) -> list[str | None]:
+        """What a refresh fetches again: every scope prefetched (all of them when one was the chip's)."""
+        return [None] if None in self.scopes or not self.scopes else list(self.scopes)
+
+    def lookup_failed(self, error: ApiError, kernel: str, shape: Mapping[str, int], dtype: str) -> bool:
         """Account for a failed lookup: ``True`` when the server is away (backed off), ``False`` when
-        it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know)."""
+        it answered that it has nothing (a 4xx: not tuned, or a kernel it does not know). A key the
+        server refuses (422: a kernel, shape or dtype it does not take) is never counted as a miss."""
         if isinstance(error, ServerRefusedError) and error.status < 500:
             self.server_up()
+            if error.status == 422:
+                self.misses.refuse((kernel, tuple(shape.items()), dtype))
             return False
         self.server_down(error)
         return True
@@ -300,50 +429,7 @@ class ClientCore:
             self.forget_answers()
         return changed
 
-    # -- misses --------------------------------------------------------------------------------
 
-    def note_miss(self, tiling: Tiling, shape: Mapping[str, int], dtype: str) -> None:
-        """Count a nearest or default answer for the next report."""
-        if tiling.match == "exact":
-            return
-        with self.lock:
-            if len(self._misses) >= MAX_PENDING_MISSES:
-                self._misses.pop(next(iter(self._misses)))
-            match: MissMatch = "nearest" if tiling.match == "nearest" else "default"
-            self._misses[(tiling.kernel, tuple(shape.items()), dtype, match)] += 1
-
-    def take_misses(self) -> MissesCreate | None:
-        """The misses counted since the last report (and forget them), or ``None``."""
-        with self.lock:
-            if not self._misses:
-                return None
-            pending, self._misses = self._misses, Counter()
-        reports = [
-            MissReport(
-                kernel=kernel, shape=dict(shape), dtype=dtype, chip=self.chip, match=match, count=count
-            )
-            for (kernel, shape, dtype, match), count in pending.items()
-        ]
-        return MissesCreate(misses=reports)
-
-    def report_failed(self, misses: MissesCreate, error: ApiError) -> None:
-        """Account for a report that failed.
-
-        A failure worth retrying (no answer, 5xx, 408, 429, an answer that is not the API's)
-        keeps the misses for the next report; a refusal (another 4xx) drops them, logged:
-        sending the same batch again would be refused again.
-        """
-        if isinstance(error, ServerRefusedError) and error.status < 500 and error.status not in (408, 429):
-            log.warning(
-                "tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses)
-            )
-            return
-        log.info("tiletune client: miss report failed (%s); kept for the next one", error)
-        self._give_back(misses)
-
-    def _give_back(self, misses: MissesCreate) -> None:
-        """A report failed: count its misses again for the next one."""
-        with self.lock:
-            for miss in misses.misses:
-                key = (miss.kernel, tuple(miss.shape.items()), miss.dtype, miss.match)
-                self._misses[key] += miss.count
+def _name(kernel: object) -> str:
+    """The kernel of an answer: its name, or ``<type>`` for a kernel that is not a ``str``."""
+    return kernel if isinstance(kernel, str) else f"<{kind_of(kernel)}>"

@@ -3,14 +3,18 @@
 Contract:
 
 - ``load()`` never raises: a missing file is empty, a corrupt or foreign one
-  is logged and read as empty (it is replaced by the next ``save``);
+  is logged and read as empty (it is replaced by the next ``save``); of a file
+  that parses but holds entries that do not, the readable entries are kept (the
+  others are logged and dropped by the next ``save``). Configs are checked
+  against their kernels' knobs when the client takes them
+  (:class:`~tiletune.client.known.KnownConfigs`), not here;
 - ``save(bundle)`` merges ``bundle`` into what the file holds now (newer
   promotions win per key) and replaces the file atomically (a temporary file
   in the same folder, then ``os.replace``), under an advisory lock
   (``fcntl.flock`` on a lock file beside it) so that processes saving at once
   lose none of each other's entries and readers never see a partial file;
-- ``save`` returns ``False`` instead of raising when the folder is not
-  writable: a read-only node still runs.
+- ``save`` never raises: it returns ``False`` (logged) when the folder is not
+  writable or the bundle cannot be written: a read-only node still runs.
 
 Bundles exported for air-gapped clusters are the same format
 (:class:`~tiletune.client.wire.ConfigBundle` as JSON).
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import re
@@ -30,7 +35,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from tiletune.client.known import KnownConfigs
-from tiletune.client.wire import ConfigBundle
+from tiletune.client.wire import BestConfigPublic, ConfigBundle
 
 log = logging.getLogger(__name__)
 
@@ -76,28 +81,46 @@ class DiskCache:
         self._lock_path = folder / f".{_file_name(chip)}.lock"
 
     def load(self) -> ConfigBundle:
-        """What the file holds (empty when missing or unreadable)."""
-        try:
-            bundle = read_bundle(self.path)
-        except FileNotFoundError:
-            return ConfigBundle(chip=self.chip, configs=[])
-        except (OSError, ValueError, ValidationError) as error:
-            log.warning("ignoring the unreadable config cache %s (%s)", self.path, type(error).__name__)
-            return ConfigBundle(chip=self.chip, configs=[])
-        return bundle
+        """What the file holds (empty when missing or unreadable); never raises."""
+        return self._read(quiet=False)
 
     def save(self, bundle: ConfigBundle) -> bool:
         """Merge ``bundle`` into the file; ``False`` (logged) when it cannot be written."""
         try:
             with self._locked():
                 merged = KnownConfigs(self.chip)
-                merged.add_bundle(self.load())
+                merged.add_bundle(self._read(quiet=True))
                 merged.add_bundle(bundle)
                 write_bundle(self.path, merged.bundle())
-        except OSError as error:
+        except (OSError, ValueError) as error:  # a read-only folder, a full disk, an unwritable value
             log.warning("cannot write the config cache %s: %s", self.path, error)
             return False
         return True
+
+    def _read(self, quiet: bool) -> ConfigBundle:
+        empty = ConfigBundle(chip=self.chip, configs=[])
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return empty
+        except Exception as error:  # a folder in its place, no permission, ...
+            self._unreadable(quiet, error)
+            return empty
+        try:
+            return ConfigBundle.model_validate_json(raw)
+        except Exception as error:  # one bad entry: keep the others
+            salvaged = _salvage(raw)
+            if salvaged is None:
+                self._unreadable(quiet, error)
+                return empty
+            bundle, dropped = salvaged
+            if not quiet:
+                log.warning("ignoring %d unreadable entries of the config cache %s", dropped, self.path)
+            return bundle
+
+    def _unreadable(self, quiet: bool, error: Exception) -> None:
+        if not quiet:
+            log.warning("ignoring the unreadable config cache %s (%s)", self.path, type(error).__name__)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -108,6 +131,29 @@ class DiskCache:
                 yield
             finally:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_UN)
+
+
+def _salvage(raw: bytes) -> tuple[ConfigBundle, int] | None:
+    """The readable entries of a bundle file whose other entries do not parse, and how many
+    were dropped; ``None`` when the file is no bundle at all."""
+    try:
+        document = json.loads(raw)
+        if not isinstance(document, dict) or not isinstance(document.get("configs"), list):
+            return None
+        entries = document["configs"]
+        try:
+            bundle = ConfigBundle.model_validate({**document, "configs": []})
+        except ValidationError:
+            bundle = ConfigBundle.model_validate({**document, "configs": [], "kernels": []})
+        kept = []
+        for entry in entries:
+            try:
+                kept.append(BestConfigPublic.model_validate(entry))
+            except ValidationError:
+                continue
+        return bundle.model_copy(update={"configs": kept}), len(entries) - len(kept)
+    except Exception:  # not JSON, too deep, not a bundle
+        return None
 
 
 def _file_name(chip: str) -> str:

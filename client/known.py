@@ -12,17 +12,24 @@ on-disk cache or an imported bundle. Contract:
   :func:`tiletune.client.nearest.shape_distance`); it needs the kernel's
   :class:`~tiletune.client.wire.KernelInfo` (dims, categorical dims);
 - shapes are canonicalised in the kernel's dim order when its info is known,
-  as the server does; without it, in the caller's order.
+  as the server does; without it, in the caller's order;
+- every entry is checked before it is taken (:func:`tiletune.client.knobs.config_problem`
+  for its own shape, with the kernel's info when it is of the entry's version): one that
+  fails is refused (handed to ``on_refused``) and never answered; when a kernel's info
+  changes, the entries already taken for it are checked again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from tiletune.client.knobs import KnobCheck
 from tiletune.client.nearest import nearest
 from tiletune.client.wire import BestConfigPublic, ConfigBundle, KernelInfo
 
 EntryKey = tuple[str, int, str, str]
+#: Told of an entry refused by the check, and why.
+OnRefused = Callable[[BestConfigPublic, str], None]
 
 
 def canonical_shape(shape: Mapping[str, int], info: KernelInfo | None) -> str:
@@ -35,10 +42,12 @@ def canonical_shape(shape: Mapping[str, int], info: KernelInfo | None) -> str:
 class KnownConfigs:
     """Best configs of one chip by key, with the kernels' info; see the module docstring."""
 
-    def __init__(self, chip: str) -> None:
+    def __init__(self, chip: str, on_refused: OnRefused | None = None) -> None:
         self.chip = chip
         self.kernels: dict[str, KernelInfo] = {}
         self._entries: dict[EntryKey, BestConfigPublic] = {}
+        self._on_refused = on_refused
+        self._checks: dict[tuple[str, int], KnobCheck] = {}
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -50,12 +59,19 @@ class KnownConfigs:
         )
 
     def add(self, entries: Iterable[BestConfigPublic], kernels: Iterable[KernelInfo] = ()) -> int:
-        """Take entries of this chip (newer promotions win) and kernel infos; how many entries changed."""
+        """Take entries of this chip (newer promotions win, checked ones only) and kernel infos;
+        how many entries changed."""
+        renewed = set()
         for info in kernels:
+            if self.kernels.get(info.name) != info:
+                renewed.add(info.name)
             self.kernels[info.name] = info
+        if renewed:
+            self._checks = {key: check for key, check in self._checks.items() if key[0] not in renewed}
+            self._recheck(renewed)
         changed = 0
         for entry in entries:
-            if entry.chip != self.chip:
+            if entry.chip != self.chip or not self._accepts(entry):
                 continue
             key = (entry.kernel, entry.kernel_version, entry.shape_key, entry.dtype)
             known = self._entries.get(key)
@@ -63,6 +79,27 @@ class KnownConfigs:
                 self._entries[key] = entry
                 changed += 1
         return changed
+
+    def info_of(self, kernel: str, version: int | None) -> KernelInfo | None:
+        """The kernel's info if it describes ``version`` (``None``: any), else ``None``."""
+        info = self.kernels.get(kernel)
+        return info if info is not None and (version is None or info.version == version) else None
+
+    def _accepts(self, entry: BestConfigPublic) -> bool:
+        key = (entry.kernel, entry.kernel_version)
+        check = self._checks.get(key)
+        if check is None:
+            check = self._checks[key] = KnobCheck(self.info_of(*key))
+        problem = check.problem(entry.config, entry.shape)
+        if problem is not None and self._on_refused is not None:
+            self._on_refused(entry, problem)
+        return problem is None
+
+    def _recheck(self, kernels: set[str]) -> None:
+        """Drop the entries of ``kernels`` that fail the check under their (new) info."""
+        for key, entry in list(self._entries.items()):
+            if entry.kernel in kernels and not self._accepts(entry):
+                del self._entries[key]
 
     def add_bundle(self, bundle: ConfigBundle) -> int:
         """Take a bundle's entries and kernel infos."""

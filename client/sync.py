@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -26,6 +26,8 @@ from tiletune.client.api import ServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
 from tiletune.client.disk import read_bundle, write_bundle
+from tiletune.client.keys import key_problem, kind_of
+from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
 from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
@@ -65,21 +67,38 @@ class ConfigClient:
     # -- the launch path -----------------------------------------------------------------------
 
     def get(self, kernel: str, shape: Mapping[str, int], dtype: str = "float32") -> Tiling:
-        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip. Never raises."""
-        key: MemoKey = (kernel, dtype, tuple(shape.items()))
-        found = self.core.memo.get(key)
-        if found is not None:
-            return found
-        return self._decide(kernel, shape, dtype, key)
+        """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip.
 
-    def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str, key: MemoKey) -> Tiling:
+        Never raises, whatever it is given: a key the client cannot take (``None``, a
+        list, unhashable or non-int dims, an unknown kernel, ...) is answered with the
+        default (the settings' default rule, else ``{}``), logged once per kind of problem.
+        A known key costs one dict lookup.
+        """
+        try:
+            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
+            if found is not None:
+                return found
+            return self._decide(kernel, shape, dtype)
+        except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+
+    def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
         core = self.core
+        problem = key_problem(kernel, shape, dtype)
+        if problem is not None:
+            return core.bad_input(kernel, shape, dtype, problem)
+        key: MemoKey = (kernel, dtype, tuple(shape.items()))
         try:
             tiling, final = self._resolve(kernel, shape, dtype)
         except Exception as error:  # the caller's launch must go on
-            log.warning("tiletune client: falling back to the default for %s: %s", kernel, error)
+            core.warn_once(
+                ("decide", kernel, kind_of(error)),
+                "tiletune client: falling back to the default for %s: %s",
+                kernel,
+                error,
+            )
             tiling, final = core.default(kernel, shape, dtype), False
-        core.note_miss(tiling, shape, dtype)
+        core.misses.note(tiling.match, kernel, shape, dtype)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -91,7 +110,7 @@ class ConfigClient:
         if self._api is not None and core.server_usable():
             answer = self._ask_server(kernel, shape, dtype)
             if isinstance(answer, LookupPublic):
-                tiling = core.from_server(answer)
+                tiling = core.from_server(answer, kernel, shape)
                 if tiling is not None:
                     return tiling, tiling.match == "exact"
         core.load_disk()
@@ -105,7 +124,7 @@ class ConfigClient:
         try:
             answer = self._api.send(self.core.lookup_call(kernel, shape, dtype))
         except ApiError as error:
-            return False if self.core.lookup_failed(error) else None
+            return False if self.core.lookup_failed(error, kernel, shape, dtype) else None
         self.core.server_up()
         return answer
 
@@ -114,25 +133,28 @@ class ConfigClient:
     def prefetch(self, kernel: str | None = None) -> int:
         """Fill the cache with every config of this chip (or one kernel) in one request.
 
-        Afterwards launches make no HTTP call. Returns how many configs arrived;
-        0 (logged) when the server cannot be reached: the disk cache serves then.
-        With ``settings.refresh_s``, a background thread prefetches again that often.
+        Afterwards launches make no HTTP call. Returns how many configs arrived. Never
+        raises: 0 (logged, the server backed off as for a 5xx) when the server cannot be
+        reached or answers something that is not a bundle (an HTML page, another schema,
+        garbage); the disk cache serves then. The request carries ``If-None-Match`` with the
+        ETag of the bundle last taken of the same scope: a ``304 Not Modified`` keeps it and
+        returns 0. With ``settings.refresh_s``, a background thread prefetches again that often.
         """
+        core = self.core
         if self._api is None:
-            self.core.load_disk()
+            core.load_disk()
             return 0
         try:
-            bundle = self._api.send(self.core.bulk_call(kernel))
-        except ApiError as error:
-            self.core.server_down(error)
-            self.core.load_disk()
+            answer = self._api.send(core.bulk_call(kernel))
+            count = core.take_answer(answer, kernel)
+        except Exception as error:  # no answer, an error status, a body that is not a bundle, ...
+            core.prefetch_failed(error)
+            self._start_refresher()
             return 0
-        self.core.take_bundle(bundle)
-        self.core.prefetched = True
-        if self.core.disk is not None:
-            self.core.disk.save(bundle)
+        if answer.bundle is not None and core.disk is not None:
+            core.disk.save(answer.bundle)
         self._start_refresher()
-        return len(bundle.configs)
+        return count
 
     def export_bundle(self, path: Path) -> int:
         """Write every config known here to ``path`` (for air-gapped clusters); how many."""
@@ -152,39 +174,59 @@ class ConfigClient:
     # -- misses and refresh, off the launch path -----------------------------------------------
 
     def flush_misses(self) -> bool:
-        """Report the misses counted so far in one request; ``False`` when that failed (kept for later)."""
-        misses = self.core.take_misses()
-        if misses is None or self._api is None:
-            return misses is None
-        try:
-            self._api.send(self.core.misses_call(misses))
-        except ApiError as error:
-            self.core.report_failed(misses, error)
-            return False
-        return True
+        """Report the misses counted so far in one request; ``False`` when that failed (kept for
+        later, see :meth:`MissLedger.failed <tiletune.client.misses.MissLedger.failed>`). Never raises."""
+        for _ in range(MISS_REPORT_ATTEMPTS):
+            misses = self.core.misses.take()
+            if misses is None or self._api is None:
+                return misses is None
+            try:
+                self._api.send(misses_call(misses))
+            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+                if not self.core.misses.failed(misses, error):
+                    return False
+                continue  # the server refused one key: the others at once
+            return True
+        return False
 
     def _start_reporter(self) -> None:
         if self._reporter is None and self._api is not None and not self._stop.is_set():
-            self._reporter = threading.Thread(target=self._report_loop, name="tiletune-misses", daemon=True)
-            self._reporter.start()
+            self._reporter = self._thread(self._report_loop, "tiletune-misses")
 
     def _report_loop(self) -> None:
+        """Every ``miss_flush_s``: drop the due provisional answers, report the misses. Survives
+        any exception (logged once per kind)."""
         while not self._stop.wait(self.core.settings.miss_flush_s):
-            self.core.expire()
-            self.flush_misses()
+            try:
+                self.core.expire()
+                self.flush_misses()
+            except Exception as error:
+                self.core.warn_once(("reporter", kind_of(error)), "tiletune client: miss reporter: %s", error)
 
     def _start_refresher(self) -> None:
         if self._refresher is None and self.core.settings.refresh_s and not self._stop.is_set():
-            self._refresher = threading.Thread(
-                target=self._refresh_loop, name="tiletune-refresh", daemon=True
-            )
-            self._refresher.start()
+            self._refresher = self._thread(self._refresh_loop, "tiletune-refresh")
 
     def _refresh_loop(self) -> None:
+        """Every ``refresh_s``: prefetch every scope prefetched again. Survives any exception."""
         refresh_s = self.core.settings.refresh_s
         assert refresh_s is not None
         while not self._stop.wait(refresh_s):
-            self.prefetch()
+            for scope in self.core.refresh_scopes():
+                try:
+                    self.prefetch(scope)
+                except Exception as error:
+                    self.core.warn_once(("refresher", kind_of(error)), "tiletune client: refresh: %s", error)
+
+    def _thread(self, target: Callable[[], None], name: str) -> threading.Thread | None:
+        """A started daemon thread, or ``None`` (logged once) when none can be started now."""
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        try:
+            thread.start()
+        except RuntimeError as error:  # no more threads: launches go on; it is tried again later
+            self.core.warn_once(("thread", name), "tiletune client: cannot start %s: %s", name, error)
+            return None
+        return thread
 
     def close(self) -> None:
         """Stop the background threads, report the last misses, close the connection."""

@@ -507,6 +507,8 @@ class LookupPublic(_Response):
     ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
     nearest shape of the same kernel version, chip and dtype), ``default``
     (the kernel's built-in rule). ``best`` carries provenance unless default.
+    ``knob_values``: each knob's values for this shape (``KernelSpec.knob_values``),
+    which the client checks ``config`` against (``None`` from a server that does not send them).
     """
 
     kernel: str
@@ -516,6 +518,7 @@ class LookupPublic(_Response):
     config: Config
     match: Match
     best: BestConfigPublic | None = None
+    knob_values: dict[str, list[int]] | None = None
 
 
 class KernelInfo(_Response):
@@ -523,6 +526,14 @@ class KernelInfo(_Response):
 
     ``dims`` in the spec's order; ``categorical`` dims select a variant (never
     crossed by the nearest-shape fallback); ``knobs`` are the config's names.
+
+    The knobs' values, for the client to check a config before serving it
+    (:mod:`tiletune.client.knobs`): ``knob_values`` every candidate of each knob
+    (``None`` from a server that does not send them, or for a kernel whose values
+    follow a rule of its own); ``clamp_to`` the dim each tile knob is clamped to for a
+    shape, by ``clamp_rule`` (``min``: ``min(value, dim)``; ``pow2_ceil``:
+    ``min(value, max(pow2_ceil(dim), min(values)))``). A rule a client does not know
+    leaves it checking the knob names alone.
     """
 
     name: str
@@ -530,6 +541,9 @@ class KernelInfo(_Response):
     dims: list[str]
     categorical: list[str] = Field(default_factory=list)
     knobs: list[str] = Field(default_factory=list)
+    knob_values: dict[str, list[int]] | None = None
+    clamp_to: dict[str, str] = Field(default_factory=dict)
+    clamp_rule: str = "min"
 
 
 class ConfigBundle(_Response):

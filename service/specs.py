@@ -6,8 +6,10 @@ Imports the kernels' specs (never runs a kernel) and the wire's vocabularies.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 
+from tiletune.client.knobs import CLAMP_RULES, allowed_values
 from tiletune.client.wire import DTYPES, KernelInfo
 from tiletune.kernels import KernelSpec, Shape, get_kernel
 from tiletune.kernels.errors import InputError
@@ -51,11 +53,57 @@ def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Sha
 
 
 def kernel_info(spec: KernelSpec) -> KernelInfo:
-    """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs."""
+    """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs,
+    and the knobs' values with the rule that clamps them (:mod:`tiletune.client.knobs`).
+
+    The rule is the one of :data:`~tiletune.client.knobs.CLAMP_RULES` that reproduces
+    ``spec.knob_values`` on every probe shape; a kernel that follows none (a plugin's own
+    rule) is sent without values, so clients check its knob names alone.
+    """
+    knobs = [knob.name for knob in spec.knobs]
+    rule = _clamp_rule(spec)
     return KernelInfo(
         name=spec.name,
         version=spec.version,
         dims=[dim.name for dim in spec.dims],
         categorical=[dim.name for dim in spec.dims if dim.categorical],
-        knobs=[knob.name for knob in spec.knobs],
+        knobs=knobs,
+        knob_values={knob.name: list(knob.values) for knob in spec.knobs} if rule is not None else None,
+        clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
+        clamp_rule=rule or "min",
     )
+
+
+#: Sizes every size dim takes in turn when the clamp rule of a kernel is found out.
+PROBE_SIZES = (1, 2, 3, 5, 7, 15, 16, 17, 31, 100, 255, 256, 257, 1000, 4097, 65537, 1 << 20, 5_000_001)
+
+
+@functools.cache
+def _clamp_rule(spec: KernelSpec) -> str | None:
+    """The clamp rule that gives ``spec.knob_values`` on every probe shape, or ``None``."""
+    probes = [
+        {dim.name: (dim.choices[0] if dim.choices else size) for dim in spec.dims} for size in PROBE_SIZES
+    ]
+    for rule in CLAMP_RULES:
+        info = KernelInfo(
+            name=spec.name,
+            version=spec.version,
+            dims=[dim.name for dim in spec.dims],
+            knobs=[knob.name for knob in spec.knobs],
+            knob_values={knob.name: list(knob.values) for knob in spec.knobs},
+            clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
+            clamp_rule=rule,
+        )
+        try:
+            if all(_same_values(info, spec, shape) for shape in probes):
+                return rule
+        except Exception:  # a plugin's knob_values that fails on a probe: no rule
+            return None
+    return None
+
+
+def _same_values(info: KernelInfo, spec: KernelSpec, shape: Shape) -> bool:
+    """Whether the client's values of ``info`` for ``shape`` are the spec's (as sets)."""
+    ours = allowed_values(info, shape)
+    theirs = spec.knob_values(shape)
+    return ours is not None and {k: set(v) for k, v in ours.items()} == {k: set(v) for k, v in theirs.items()}

@@ -85,7 +85,17 @@ def test_a_response_with_fields_it_does_not_know_parses() -> None:
 
 
 #: Fields whose values are maps of names (dims, knobs, versions, counts) or lists of them.
-MAPS = {"shape", "config", "default_config", "best_config", "validate_configs", "software", "counts"}
+MAPS = {
+    "shape",
+    "config",
+    "default_config",
+    "best_config",
+    "validate_configs",
+    "software",
+    "counts",
+    "knob_values",
+    "clamp_to",
+}
 
 
 def _with_new_fields(document: Any) -> Any:
