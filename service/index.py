@@ -49,10 +49,11 @@ from sqlalchemy import func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import BestConfigPublic, LookupPublic
-from tiletune.kernels import Shape
+from tiletune.kernels import Shape, all_kernels
 from tiletune.service.database import Database
 from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
 from tiletune.service.singleflight import SingleFlight
+from tiletune.service.specs import knob_values_of
 from tiletune.service.views import best_public
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class Entry:
                 config=best.config,
                 match="exact",
                 best=best,
+                knob_values=_knob_values(best.kernel, shape),
             )
             body = self._lookup_body = answer.model_dump_json().encode()
         return body
@@ -299,3 +301,9 @@ def _best_entries(
             fingerprints[text] = json.loads(text) if text else {}
         key = (best.kernel, best.kernel_version, best.shape_key, best.dtype, chip)
         yield key, best_public(best, chip, fingerprints[text])
+
+
+def _knob_values(kernel: str, shape: Shape) -> dict[str, list[int]] | None:
+    """The knob values a lookup answer carries, or none when the kernel is not installed here."""
+    spec = all_kernels().get(kernel)
+    return knob_values_of(spec, shape) if spec is not None else None

@@ -31,7 +31,7 @@ from tiletune.service.database import Database
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.models import BestConfigRow
-from tiletune.service.specs import parse_key
+from tiletune.service.specs import knob_values_of, parse_key
 from tiletune.service.views import best_row_public
 
 LookupKey = tuple[str, str, str, str, str]
@@ -121,6 +121,7 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
                 config=exact.config,
                 match="exact",
                 best=exact,
+                knob_values=knob_values_of(spec, shape),
             )
         chip_row = chip_by_name(session, chip)
         if chip_row is None:
@@ -129,7 +130,14 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
         def answer(config: Config, found: Match, best: BestConfigRow | None) -> LookupPublic:
             public = best_row_public(session, best) if best is not None else None
             return LookupPublic(
-                kernel=spec.name, shape=shape, dtype=dtype, chip=chip, config=config, match=found, best=public
+                kernel=spec.name,
+                shape=shape,
+                dtype=dtype,
+                chip=chip,
+                config=config,
+                match=found,
+                best=public,
+                knob_values=knob_values_of(spec, shape),
             )
 
         limits = chip_limits(chip_row)

@@ -25,6 +25,11 @@ def lookup_kernel(name: str, field: str = "kernel") -> KernelSpec:
         raise InvalidInputError(error.reason, field=field) from error
 
 
+def knob_values_of(spec: KernelSpec, shape: Shape) -> dict[str, list[int]]:
+    """Each knob's values for ``shape``, as a lookup answer carries them (the client checks configs)."""
+    return {name: list(values) for name, values in spec.knob_values(shape).items()}
+
+
 def check_dtype(dtype: str, field: str = "dtype") -> str:
     """``dtype`` if it is one of the wire's dtypes; :class:`InvalidInputError` naming ``field`` otherwise."""
     if dtype not in DTYPES:

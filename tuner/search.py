@@ -75,6 +75,7 @@ __all__ = [
     "STRATEGIES",
     "Candidate",
     "Config",
+    "PastOutcome",
     "PastTrial",
     "Search",
     "SearchCounts",

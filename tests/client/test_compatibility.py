@@ -120,7 +120,8 @@ class NewerServer(httpx.BaseTransport):
         if not response.headers.get("content-type", "").startswith("application/json"):
             return response
         body = json.dumps(_with_new_fields(response.json())).encode()
-        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        rewritten = ("content-length", "content-encoding")  # the new body is plain JSON of a new length
+        headers = {k: v for k, v in response.headers.items() if k.lower() not in rewritten}
         return httpx.Response(response.status_code, headers=headers, content=body)
 
 

@@ -9,7 +9,16 @@ from collections.abc import Callable
 import optuna
 import pytest
 
-from tiletune.tuner.search import STRATEGIES, Candidate, Config, PastTrial, Search, SearchSpace, TpeOptions
+from tiletune.tuner.search import (
+    STRATEGIES,
+    Candidate,
+    Config,
+    PastOutcome,
+    PastTrial,
+    Search,
+    SearchSpace,
+    TpeOptions,
+)
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -277,7 +286,7 @@ def past_of(search: Search, asked: list[Candidate], told: dict[int, float | str]
         if isinstance(outcome, float):
             past.append(PastTrial(candidate.trial_id, candidate.config, "measured", time_ms=outcome))
         elif isinstance(outcome, str):
-            kind = "abandoned" if outcome == "abandoned" else "failed"
+            kind: PastOutcome = "abandoned" if outcome == "abandoned" else "failed"
             past.append(PastTrial(candidate.trial_id, candidate.config, kind, reason=outcome))
         else:
             past.append(PastTrial(candidate.trial_id, candidate.config, "outstanding"))
