@@ -1,9 +1,9 @@
 """The same tuning job run locally and through the service: wall-time ratio and per-trial overhead.
 
 Local: ``tune()`` in this process. Service: a real ``tiletune server`` process
-(fresh SQLite file; Optuna's studies in their own SQLite file beside it) and
-one :class:`~tiletune.tuner.worker.Worker` in this process, from ``POST
-/v1/sweeps`` until the job is ``done``. Both use the same kernel, shape,
+(fresh SQLite file) and one :class:`~tiletune.tuner.worker.Worker` in this
+process (its defaults: batched, pipelined asks), from ``POST /v1/sweeps`` until
+the job is ``done``. Both use the same kernel, shape,
 search (tpe, same seed, same trial budget) and bench settings, and both end
 with an interleaved validation of the top configs and the default. The two
 are run alternately (``--repeats`` pairs) so drift on a noisy machine hits
