@@ -2,9 +2,10 @@
 
 Local: ``tune()`` in this process. Service: a real ``tiletune server`` process
 (fresh SQLite file) and one :class:`~tiletune.tuner.worker.Worker` in this
-process (its defaults: batched, pipelined asks), from ``POST /v1/sweeps`` until
-the job is ``done``. Both use the same kernel, shape,
-search (tpe, same seed, same trial budget) and bench settings, and both end
+process (its defaults: batched, pipelined asks; connected and registered once, as a worker
+process is for many jobs), from ``POST /v1/sweeps`` until the job is ``done``. Both use the
+same kernel, shape, search (tpe, same seed, same trial budget), implementation (the one local
+tuning picks on this CPU: ``native`` where it is built) and bench settings, and both end
 with an interleaved validation of the top configs and the default. The two
 are run alternately (``--repeats`` pairs) so drift on a noisy machine hits
 both; the JSON reports medians and spread of the wall times, their ratio,
@@ -27,8 +28,10 @@ from typing import Any
 import httpx
 
 from benchmarks.http_lookup import AUTH, free_port, start_server
+from tiletune.client.wire import DEFAULT_BATCH
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import get_device
+from tiletune.kernels.native_spec import preferred_backend
 from tiletune.tuner.bench import BenchSettings
 from tiletune.tuner.tune import TuneOptions, tune
 from tiletune.tuner.worker import Worker
@@ -46,18 +49,17 @@ def run_local(trials: int, seed: int) -> float:
     return time.perf_counter() - started
 
 
-def run_service(base: str, trials: int, seed: int) -> float:
-    """Wall seconds from submitting the sweep to its job being done (one in-process worker)."""
+def run_service(worker: Worker, http: httpx.Client, trials: int, seed: int) -> float:
+    """Wall seconds from submitting the sweep to its job being done (a registered, idle worker)."""
     sweep = {"kernel": KERNEL, "shapes": [SHAPE], "trials": trials, "seed": seed, "force": True}
+    sweep["backend"] = preferred_backend(get_kernel(KERNEL), "cpu")  # what local tuning runs
     started = time.perf_counter()
-    response = httpx.post(f"{base}/v1/sweeps", json=sweep, headers=AUTH, timeout=30)
+    response = http.post("/v1/sweeps", json=sweep)
     response.raise_for_status()
     job_id = response.json()["jobs"][0]["id"]
-    with httpx.Client(base_url=base, headers=AUTH, timeout=30) as http:
-        worker = Worker(http, backend="cpu", bench=BENCH, name="overhead")
-        worker.run(max_jobs=1, once=True)
-        state = http.get(f"/v1/jobs/{job_id}").json()["state"]
+    worker.run(max_jobs=1, once=True)
     wall = time.perf_counter() - started
+    state = http.get(f"/v1/jobs/{job_id}").json()["state"]
     if state != "done":
         raise RuntimeError(f"job {job_id} ended {state}")
     return wall
@@ -73,6 +75,9 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=3, help="local/service pairs, alternated (default 3)")
     parser.add_argument("--trials", type=int, default=30, help="trial budget of the job (default 30)")
+    parser.add_argument(
+        "--batch", type=int, default=DEFAULT_BATCH, help=f"configs per ask (default {DEFAULT_BATCH})"
+    )
     args = parser.parse_args()
     local: list[float] = []
     service: list[float] = []
@@ -81,9 +86,14 @@ def main() -> None:
         server = start_server(f"sqlite:///{Path(folder) / 'overhead.db'}", port)
         try:
             base = f"http://127.0.0.1:{port}"
-            for repeat in range(args.repeats):
-                local.append(run_local(args.trials, seed=repeat))
-                service.append(run_service(base, args.trials, seed=repeat))
+            # A worker process lives for many jobs: connecting and registering is not a job's cost.
+            with httpx.Client(base_url=base, headers=AUTH, timeout=30) as http:
+                worker = Worker(http, backend="cpu", bench=BENCH, name="overhead", batch=args.batch)
+                worker.register()
+                for repeat in range(args.repeats):
+                    local.append(run_local(args.trials, seed=repeat))
+                    service.append(run_service(worker, http, args.trials, seed=repeat))
+                worker.close()
         finally:
             server.terminate()
             server.wait(timeout=30)
@@ -94,6 +104,7 @@ def main() -> None:
         "kernel": KERNEL,
         "shape": SHAPE,
         "trials": args.trials,
+        "batch": args.batch,
         "local_wall_s": spread(local),
         "service_wall_s": spread(service),
         "service_over_local": spread(ratios),

@@ -150,7 +150,7 @@ LEASE_TOKEN_HEADER = "X-Lease-Token"
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
 #: Configs a worker asks per ``ask`` unless told otherwise (batched, and pipelined: see the worker).
-DEFAULT_BATCH = 2
+DEFAULT_BATCH = 4
 #: The most trial ids an ``ask`` may say it is holding (a batch measured, a batch asked ahead).
 MAX_HOLDING = 2 * MAX_ASK
 

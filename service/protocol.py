@@ -64,7 +64,7 @@ from tiletune.service.searches import SearchHost
 from tiletune.service.specs import lookup_kernel
 from tiletune.service.trials import (
     asked_again,
-    asked_trial,
+    asked_trials,
     asked_under_leases_over,
     record_outcome,
     validation_rows,
@@ -265,8 +265,9 @@ class WorkerProtocol:
             lease, job = self.queue.fence(session, token, caller.token_id)
             search = self._search(session, job) if not lifecycle.is_final(job.state) else None
             now = self.db.clock()
-            for index, outcome in enumerate(request.outcomes):
-                trial = asked_trial(session, job, lease, outcome.trial_id, index)
+            numbers = [outcome.trial_id for outcome in request.outcomes]
+            trials = asked_trials(session, job, lease, numbers)
+            for index, (outcome, trial) in enumerate(zip(request.outcomes, trials, strict=True)):
                 if trial.state != TrialState.ASKED:
                     repeated += 1
                     continue

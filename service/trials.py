@@ -8,6 +8,7 @@ A repository: functions take the caller's session and never commit (see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
 from sqlalchemy import or_, select
@@ -18,16 +19,30 @@ from tiletune.service.errors import ConflictError, InvalidInputError
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
 
 
-def asked_trial(session: Session, job: JobRow, lease: LeaseRow, number: int, index: int) -> TrialRow:
-    """Trial ``number`` of ``job``; refused when it does not exist or another lease holds it."""
-    trial = session.scalar(select(TrialRow).where(TrialRow.job_id == job.id, TrialRow.number == number))
-    if trial is None:
-        raise InvalidInputError(f"job {job.id} has no trial {number}", field=f"outcomes[{index}].trial_id")
-    if trial.lease_id != lease.id and trial.state == TrialState.ASKED:
-        raise ConflictError(
-            f"trial {number} was asked under another lease", field=f"outcomes[{index}].trial_id"
+def asked_trials(session: Session, job: JobRow, lease: LeaseRow, numbers: Sequence[int]) -> list[TrialRow]:
+    """Trials ``numbers`` of ``job`` (read in one query), in that order.
+
+    Refused, naming ``outcomes[i].trial_id``, when one does not exist or another lease holds it.
+    """
+    found = {
+        trial.number: trial
+        for trial in session.scalars(
+            select(TrialRow).where(TrialRow.job_id == job.id, TrialRow.number.in_(set(numbers)))
         )
-    return trial
+    }
+    trials = []
+    for index, number in enumerate(numbers):
+        trial = found.get(number)
+        if trial is None:
+            raise InvalidInputError(
+                f"job {job.id} has no trial {number}", field=f"outcomes[{index}].trial_id"
+            )
+        if trial.lease_id != lease.id and trial.state == TrialState.ASKED:
+            raise ConflictError(
+                f"trial {number} was asked under another lease", field=f"outcomes[{index}].trial_id"
+            )
+        trials.append(trial)
+    return trials
 
 
 def record_outcome(job: JobRow, trial: TrialRow, outcome: TrialOutcome, now: datetime) -> None:

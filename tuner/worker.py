@@ -419,12 +419,15 @@ class Worker:
             if answer.phase == AskPhase.SEARCH and answer.tasks:
                 answer = self._search(job, answer.tasks)
                 continue
+            told = bool(job.untold)
             self._tell(job)
             if answer.phase == AskPhase.VALIDATE:
                 return self._validate(job, answer.validate_configs)
             if answer.phase == AskPhase.DONE:
                 return _Release("job done")
-            self._sleep(self._poll_s)  # wait, or a search with nothing to measure yet
+            if not told:  # wait (others hold the rest), or a search with nothing to measure yet
+                self._sleep(self._poll_s)
+            # else: the answer was asked ahead of these outcomes, which may end the search: ask now
             answer = self._api.ask(job.lease.token, self.batch)
 
     def _step(self, job: _Job) -> None:
