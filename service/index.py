@@ -74,9 +74,13 @@ MAX_GAPS = 10_000
 
 
 class Entry:
-    """One best config: its public document, its canonical JSON, and its exact-hit body (lazily)."""
+    """One best config: its public document, its canonical JSON, and its exact-hit body.
 
-    __slots__ = ("_lookup_body", "best", "canonical", "wire")
+    All three are serialised when the entry is made (in the index's refresh, off the event
+    loop), so an exact hit only looks the body up.
+    """
+
+    __slots__ = ("best", "canonical", "lookup_body", "wire")
 
     def __init__(self, best: BestConfigPublic) -> None:
         self.best = best
@@ -86,29 +90,21 @@ class Entry:
         self.canonical = json.dumps(
             best.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
         )
-        self._lookup_body: bytes | None = None
-
-    def lookup_body(self, shape: Shape) -> bytes:
-        """The ``LookupPublic`` of an exact hit on this entry, serialised once.
-
-        ``shape`` is the request's parsed shape (dims in spec order): every shape text of
-        this key parses to the same one, so the body is the same for all of them.
-        """
-        body = self._lookup_body
-        if body is None:
-            best = self.best
-            answer = LookupPublic(
+        #: The ``LookupPublic`` of an exact hit (every shape text of this key names this shape).
+        self.lookup_body = (
+            LookupPublic(
                 kernel=best.kernel,
-                shape=shape,
+                shape=best.shape,
                 dtype=best.dtype,
                 chip=best.chip,
                 config=best.config,
                 match="exact",
                 best=best,
-                knob_values=_knob_values(best.kernel, shape),
+                knob_values=_knob_values(best.kernel, best.shape),
             )
-            body = self._lookup_body = answer.model_dump_json().encode()
-        return body
+            .model_dump_json()
+            .encode()
+        )
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ class Reads:
         snapshot = await self.index.current()
         entry = snapshot.entries.get((key.spec.name, key.spec.version, key.shape_key, dtype, chip))
         if entry is not None:
-            return entry.lookup_body(key.shape)
+            return entry.lookup_body
         asked = (kernel, shape, dtype, chip, match)
         body = self.answers.get(asked, snapshot.version)
         if body is None:
