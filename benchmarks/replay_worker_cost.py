@@ -119,8 +119,8 @@ def wait(condition: Any, timeout_s: float, what: str) -> None:
     raise TimeoutError(f"timed out waiting until {what}")
 
 
-def service_cost(
-    spec: ReplayKernelSpec, directory: Path, jobs: int, trials: int, batch: int
+def service_cost(  # noqa: PLR0917 (the command line, in order)
+    spec: ReplayKernelSpec, directory: Path, jobs: int, trials: int, batch: int, workers: int = 1
 ) -> dict[str, Any]:
     """CPU per trial of a replay worker process and of the server process (see the module docstring)."""
     env = {
@@ -136,21 +136,19 @@ def service_cost(
         server = spawn(
             ["server", "--db", f"sqlite:///{folder}/t.db", "--port", str(port)], Path(folder) / "s.log", env
         )
-        worker = None
+        started_workers: list[subprocess.Popen[bytes]] = []
         try:
             wait(lambda: httpx.get(f"{url}/healthz", timeout=1).status_code == 200, 90, "the server answers")
-            worker = spawn(
-                ["worker", "--server", url, "--backend", "replay", "--batch", str(batch)],
-                Path(folder) / "w.log",
-                env,
-            )
+            for index in range(workers):
+                command = ["worker", "--server", url, "--backend", "replay", "--batch", str(batch)]
+                started_workers.append(spawn(command, Path(folder) / f"w{index}.log", env))
             wait(
-                lambda: bool(httpx.get(f"{url}/v1/workers", headers=AUTH, timeout=5).json()),
+                lambda: len(httpx.get(f"{url}/v1/workers", headers=AUTH, timeout=5).json()) >= workers,
                 90,
-                "the worker registers",
+                "the workers register",
             )
-            time.sleep(1.5)  # let the worker finish its start-up work and go idle
-            before = (cpu_s(worker.pid), cpu_s(server.pid))
+            time.sleep(1.5)  # let the workers finish their start-up work and go idle
+            before = (sum(cpu_s(w.pid) for w in started_workers), cpu_s(server.pid))
             started = time.monotonic()
             sweep = variant_sweep(spec.name, jobs, trials=trials, chip=REPLAY_CHIP.name)
             httpx.post(f"{url}/v1/sweeps", json=sweep, headers=AUTH, timeout=30).raise_for_status()
@@ -163,20 +161,21 @@ def service_cost(
 
             wait(finished, 1800, "every job is done")
             wall_s = time.monotonic() - started
-            worker_cpu, server_cpu = cpu_s(worker.pid) - before[0], cpu_s(server.pid) - before[1]
+            worker_cpu = sum(cpu_s(w.pid) for w in started_workers) - before[0]
+            server_cpu = cpu_s(server.pid) - before[1]
             told = sum(
                 job["progress"]["completed"] + job["progress"]["failed"]
                 for job in httpx.get(f"{url}/v1/jobs", headers=AUTH, timeout=10).json()
             )
         finally:
-            for process in (worker, server):
-                if process is not None:
-                    process.terminate()
-                    process.wait(30)
+            for process in (*started_workers, server):
+                process.terminate()
+                process.wait(30)
     return {
         "jobs": jobs,
         "trials_per_job": trials,
         "batch": batch,
+        "workers": workers,
         "trials_told": told,
         "wall_s": round(wall_s, 2),
         "trials_per_s": round(told / wall_s, 1),
@@ -195,12 +194,15 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20)
     parser.add_argument("--trials", type=int, default=25)
     parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=1, help="replay worker processes (default 1)")
     parser.add_argument("--no-service", action="store_true", help="the in-process lookup figure only")
     args = parser.parse_args()
     spec = replay_kernels(args.replay_dir)[args.kernel]
     report: dict[str, Any] = {"lookup": lookup_cost(spec, args.configs, args.repeats)}
     if not args.no_service:
-        report["service"] = service_cost(spec, args.replay_dir, args.jobs, args.trials, args.batch)
+        report["service"] = service_cost(
+            spec, args.replay_dir, args.jobs, args.trials, args.batch, args.workers
+        )
     print(json.dumps(report, indent=2))
 
 
