@@ -175,7 +175,8 @@ def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force:
     Every entry is checked first, then the bundle's checksum against its entries.
     """
     checked = [(entry, *checked_entry(session, entry, index)) for index, entry in enumerate(bundle.configs)]
-    if bundle.checksum is None or not hmac.compare_digest(bundle.checksum, bundle.content_checksum()):
+    presented = (bundle.checksum or "").encode()  # bytes: a str of non-ASCII text cannot be compared
+    if bundle.checksum is None or not hmac.compare_digest(presented, bundle.content_checksum().encode()):
         raise InvalidInputError(
             "the checksum is missing or does not match the entries (export again)", "checksum"
         )

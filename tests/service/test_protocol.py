@@ -380,6 +380,8 @@ def test_configs_export_and_import_round_trip(client: TestClient) -> None:
     bundle["configs"][0]["median_ms"] /= 2
     tampered = client.post("/v1/configs/import", json=bundle)
     assert (tampered.status_code, tampered.json()["field"]) == (422, "checksum")
+    foreign = client.post("/v1/configs/import", json={**bundle, "checksum": "\u00d6\u0018"})  # not ASCII
+    assert (foreign.status_code, foreign.json()["field"]) == (422, "checksum")
     bundle = resealed(bundle)
     # A best measured here is replaced by an import only when the admin asks for it.
     assert client.post("/v1/configs/import", json=bundle).json() == {"changed": 0}
