@@ -18,7 +18,8 @@ setup: $(BIN)/python
 	# sources, torch and CPU; a no-op when built. Importing tiletune.kernels never compiles.
 	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tiletune.kernels.native_build
 	# wrk, the load generator of benchmarks/http_load.py (Debian's package): installed when missing, as root.
-	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && apt-get install -y wrk; } || \
+	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q wrk || { apt-get update -q && apt-get install -y -q wrk; }; }; } || \
 		echo "wrk is missing (apt-get install wrk as root): benchmarks/http_load.py needs it"
 
 # The strict editable install is a tree of links to the sources: cheap to redo, and
