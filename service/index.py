@@ -3,8 +3,8 @@
 :class:`BestIndex` holds every best config of the store (all chips, kernels and versions) as an
 immutable :class:`Snapshot`, keyed the way a lookup canonicalises a key: (kernel name, kernel
 version, canonical shape, dtype, chip name). Each :class:`Entry` keeps its
-``BestConfigPublic`` and, built once when first asked for, the serialised ``LookupPublic``
-body of an exact hit, so a hit is one dict lookup and a send.
+``BestConfigPublic`` and, serialised when the entry is made (in a refresh, off the event loop),
+the ``LookupPublic`` body of an exact hit, so a hit is one dict lookup and a send.
 
 **Currency.** The index follows the ``promotions`` table, which every change of a best config
 appends to (a promotion or an import, in any replica): a refresh reads the promotions after the

@@ -42,14 +42,6 @@ class SearchSpace:
     seeds: Sequence[Config] = ()
 
 
-@dataclass(frozen=True)
-class Candidate:
-    """A config to measure, and the id to tell its result under."""
-
-    trial_id: int
-    config: Config
-
-
 class ValidSet:
     """The valid configs of one :class:`SearchSpace`; see the module docstring for the contract."""
 
