@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import PlainTextResponse
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
 from tiletune.service import configs
@@ -115,11 +116,7 @@ def healthz(db: DatabaseDep) -> dict[str, str]:
 
 
 @router.get("/metrics", response_class=PlainTextResponse)
-def metrics(db: DatabaseDep, _reader: ReaderDep) -> str:
-    """Jobs by state and best configs stored, in Prometheus' text format."""
-    with db.read() as session:
-        counts = configs.counts(session)
-    lines = ["# TYPE tiletune_jobs gauge"]
-    lines += [f'tiletune_jobs{{state="{state}"}} {n}' for state, n in sorted(counts["jobs"].items())]
-    lines += ["# TYPE tiletune_best_configs gauge", f"tiletune_best_configs {counts['best_configs']}"]
-    return "\n".join(lines) + "\n"
+def metrics(request: Request, _reader: ReaderDep) -> Response:
+    """The service's metrics in Prometheus' text format (see :mod:`tiletune.service.metrics`)."""
+    body = request.app.state.services.metrics.exposition()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -35,6 +35,7 @@ from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, ap
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
 from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError, UnavailableError
+from tiletune.service.metrics import RequestTimer, ServiceMetrics
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
@@ -80,6 +81,7 @@ class Services:
     misses: Misses
     tokens: Tokens
     miss_limit: RateLimiter
+    metrics: ServiceMetrics
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -97,17 +99,19 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     )
     misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
     tokens = Tokens(db)
+    metrics = ServiceMetrics(db, online_s=settings.lease_s)
     if settings.admin_token is not None and settings.admin_token.get_secret_value():
         tokens.bootstrap(settings.admin_token.get_secret_value())
     return Services(
         settings,
         db,
         queue,
-        WorkerProtocol(db, queue, SearchHost(), settings.workers_create_chips),
-        Reads.of(db, settings.index_check_s, settings.lookup_cache_s),
+        WorkerProtocol(db, queue, SearchHost(), metrics, settings.workers_create_chips),
+        Reads.of(db, settings.index_check_s, settings.lookup_cache_s, metrics),
         misses,
         tokens,
         RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
+        metrics,
     )
 
 
@@ -158,6 +162,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
     for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
         app.add_exception_handler(database_fault, _database_error)
     app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
+    app.add_middleware(RequestTimer, metrics=services.metrics)
     return app
 
 

@@ -72,6 +72,10 @@ class ShapeTexts:
         return parsed
 
 
+#: A cached answer: its kind (``nearest``, ``default``) and its serialised body.
+CachedAnswer = tuple[str, bytes]
+
+
 class LookupCache:
     """Recent serialised answers by (kernel, shape text, dtype, chip, match), for ``ttl_s`` seconds.
 
@@ -84,17 +88,17 @@ class LookupCache:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self._clock = clock
-        self._entries: dict[LookupKey, tuple[float, int, bytes]] = {}
+        self._entries: dict[LookupKey, tuple[float, int, CachedAnswer]] = {}
         self._lock = threading.Lock()
 
-    def get(self, key: LookupKey, generation: int) -> bytes | None:
+    def get(self, key: LookupKey, generation: int) -> CachedAnswer | None:
         """The cached answer, if fresh."""
         found = self._entries.get(key)
         if found is None or found[1] != generation or found[0] < self._clock():
             return None
         return found[2]
 
-    def put(self, key: LookupKey, generation: int, answer: bytes) -> None:
+    def put(self, key: LookupKey, generation: int, answer: CachedAnswer) -> None:
         """Keep ``answer`` for ``ttl_s``."""
         if self.ttl_s <= 0:
             return

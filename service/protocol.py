@@ -58,6 +58,7 @@ from tiletune.service.configs import JobKey, Winner
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
 from tiletune.service.lifecycle import Event
+from tiletune.service.metrics import ServiceMetrics
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
 from tiletune.service.searches import SearchHost
@@ -81,11 +82,17 @@ class WorkerProtocol:
     """The worker protocol over the database, the queue and the jobs' searches."""
 
     def __init__(
-        self, db: Database, queue: JobQueue, searches: SearchHost, workers_create_chips: bool = True
+        self,
+        db: Database,
+        queue: JobQueue,
+        searches: SearchHost,
+        metrics: ServiceMetrics,
+        workers_create_chips: bool = True,
     ) -> None:
         self.db = db
         self.queue = queue
         self.searches = searches
+        self.metrics = metrics
         self.workers_create_chips = workers_create_chips
 
     # -- workers and leases -----------------------------------------------------------------
@@ -118,8 +125,14 @@ class WorkerProtocol:
                 claimed = self.queue.claim(session, worker, skipped)
                 if claimed is None:
                     return None
-                if not isinstance(claimed, Missed):
-                    return self._lease_public(*claimed)
+                if isinstance(claimed, Missed):
+                    continue
+                lease, job = claimed
+                first = self.queue.leases_of(session, job) == 1
+                public = self._lease_public(lease, job)
+            if first:
+                self.metrics.first_lease(job.created_at, lease.created_at)
+            return public
         return None
 
     def heartbeat(self, token: str, caller: Identity) -> LeasePublic:
@@ -261,6 +274,7 @@ class WorkerProtocol:
         """Record outcomes of asked trials; a repeated outcome is counted once."""
         job_id = self._job_of(token)
         accepted = repeated = 0
+        outcomes: list[str] = []
         with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             search = self._search(session, job) if not lifecycle.is_final(job.state) else None
@@ -273,6 +287,7 @@ class WorkerProtocol:
                     continue
                 _check_outcome(outcome, index)
                 record_outcome(job, trial, outcome, now)
+                outcomes.append(trial.state)
                 if search is not None:
                     time_ms = outcome.measurement.median_ms if outcome.measurement else None
                     search.tell(trial.number or 0, time_ms, _reason(outcome))
@@ -281,6 +296,8 @@ class WorkerProtocol:
                 self.searches.changed(job)
             job.updated_at = now
             failpoints.reach("tell.searched")
+        for state in outcomes:
+            self.metrics.trials.labels(state).inc()
         return TellPublic(accepted=accepted, repeated=repeated)
 
     # -- complete, release, cancel, reap ----------------------------------------------------
@@ -330,7 +347,10 @@ class WorkerProtocol:
             lifecycle.move(job, Event.VALIDATED, self.db.clock())
             self.queue.end(session, lease, job, "completed", failed=False)
             self.searches.forget(job.id)
-            return job_public(session, job)
+            public = job_public(session, job)
+        if job.finished_at is not None:
+            self.metrics.job_done(job.created_at, job.finished_at)
+        return public
 
     def release(self, token: str, caller: Identity, request: ReleaseCreate) -> JobPublic:
         """End a lease by the worker's wish; its outstanding trials are asked again later."""
@@ -339,7 +359,10 @@ class WorkerProtocol:
             lease, job = self.queue.fence(session, token, caller.token_id)
             self._abandon(session, job, lease.id, f"lease released: {request.reason}")
             self.queue.end(session, lease, job, request.reason, failed=request.failed)
-            return job_public(session, job)
+            public = job_public(session, job)
+        if public.state == JobState.QUEUED:
+            self.metrics.requeued.inc()
+        return public
 
     def reap(self) -> int:
         """Return the jobs of expired leases to the queue and abandon their outstanding trials."""
@@ -347,9 +370,14 @@ class WorkerProtocol:
             reaped = self.queue.reap(session)
         if reaped:
             failpoints.reach("reap.committed")
+            self.metrics.leases_expired.inc(len(reaped))
         for job_id, lease_id in reaped:
             with self.searches.held(job_id), self.db.write() as session:
-                self._abandon(session, session.get_one(JobRow, job_id), lease_id, "lease expired")
+                job = session.get_one(JobRow, job_id)
+                self._abandon(session, job, lease_id, "lease expired")
+                requeued = job.state == JobState.QUEUED
+            if requeued:
+                self.metrics.requeued.inc()
         return len(reaped)
 
     def _abandon(self, session: Session, job: JobRow, lease_id: int, reason: str) -> None:

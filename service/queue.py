@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from enum import Enum
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import ANY_CHIP, JobState
@@ -222,6 +222,11 @@ class JobQueue:
             self.end(session, lease, job, f"lease {lease.id} expired without a heartbeat", failed=True)
             reaped.append((job.id, lease.id))
         return reaped
+
+    @staticmethod
+    def leases_of(session: Session, job: JobRow) -> int:
+        """How many leases ``job`` has had (the one just claimed included)."""
+        return session.scalar(select(func.count()).where(LeaseRow.job_id == job.id)) or 0
 
     @staticmethod
     def worker_of(session: Session, lease: LeaseRow) -> WorkerRow:

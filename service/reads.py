@@ -15,10 +15,11 @@ from fastapi.concurrency import run_in_threadpool
 
 from tiletune.client.wire import MATCH_KINDS
 from tiletune.service.database import Database
-from tiletune.service.errors import InvalidInputError
+from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.exports import Exports
 from tiletune.service.index import BestIndex
 from tiletune.service.lookup import LookupCache, ShapeTexts, lookup
+from tiletune.service.metrics import ServiceMetrics
 
 
 @dataclass
@@ -30,12 +31,13 @@ class Reads:
     exports: Exports
     shapes: ShapeTexts
     answers: LookupCache
+    metrics: ServiceMetrics
 
     @classmethod
-    def of(cls, db: Database, index_check_s: float, lookup_cache_s: float) -> Reads:
+    def of(cls, db: Database, index_check_s: float, lookup_cache_s: float, metrics: ServiceMetrics) -> Reads:
         """The read side of ``db``: index checked every ``index_check_s``, misses kept ``lookup_cache_s``."""
         index = BestIndex(db, index_check_s)
-        return cls(db, index, Exports(db, index), ShapeTexts(), LookupCache(lookup_cache_s))
+        return cls(db, index, Exports(db, index), ShapeTexts(), LookupCache(lookup_cache_s), metrics)
 
     async def lookup(self, kernel: str, shape: str, *, dtype: str, chip: str, match: str) -> bytes:
         """The serialised ``LookupPublic`` of one key (see the module docstring)."""
@@ -45,13 +47,19 @@ class Reads:
         snapshot = await self.index.current()
         entry = snapshot.entries.get((key.spec.name, key.spec.version, key.shape_key, dtype, chip))
         if entry is not None:
+            self.metrics.lookup("exact")
             return entry.lookup_body
         asked = (kernel, shape, dtype, chip, match)
-        body = self.answers.get(asked, snapshot.version)
-        if body is None:
-            answer = await run_in_threadpool(
-                lookup, self.db, kernel, shape, dtype=dtype, chip=chip, match=match
-            )
-            body = answer.model_dump_json().encode()
-            self.answers.put(asked, snapshot.version, body)
-        return body
+        cached = self.answers.get(asked, snapshot.version)
+        if cached is None:
+            try:
+                answer = await run_in_threadpool(
+                    lookup, self.db, kernel, shape, dtype=dtype, chip=chip, match=match
+                )
+            except NotFoundError:
+                self.metrics.lookup("none")
+                raise
+            cached = (answer.match, answer.model_dump_json().encode())
+            self.answers.put(asked, snapshot.version, cached)
+        self.metrics.lookup(cached[0])
+        return cached[1]

@@ -391,7 +391,7 @@ def test_configs_export_and_import_round_trip(client: TestClient) -> None:
 def test_health_metrics_and_openapi(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     submit(client)
-    assert 'tiletune_jobs{state="queued"} 1' in client.get("/metrics").text
+    assert 'tiletune_jobs{state="queued"} 1.0' in client.get("/metrics").text
     paths = client.get("/openapi.json").json()["paths"]
     assert "/v1/leases/{token}/ask" in paths
 
