@@ -36,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.http_lookup import free_port
 from tiletune.kernels.device import REPLAY_CHIP, ReplayDevice
 from tiletune.kernels.replay_kernels import (
     REPLAY_KERNELS_ENV,
@@ -97,14 +98,6 @@ def spawn(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[b
             stdin=subprocess.DEVNULL,
             env=env,
         )
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait(condition: Any, timeout_s: float, what: str) -> None:

@@ -81,11 +81,13 @@ class ServiceMetrics:
         self.lookups = Counter(
             "tiletune_lookups", "Single-key lookups by answer", ["answer"], registry=self.registry
         )
+        #: One child per answer, bound once: a lookup is counted without a label lookup.
+        self._lookups_by_answer = {answer: self.lookups.labels(answer) for answer in LOOKUP_ANSWERS}
         self.registry.register(_StoreCollector(db, online_s))
 
     def lookup(self, answer: str) -> None:
         """Count one lookup answered ``exact``, ``nearest``, ``default`` or ``none``."""
-        self.lookups.labels(answer if answer in LOOKUP_ANSWERS else "none").inc()
+        self._lookups_by_answer.get(answer, self._lookups_by_answer["none"]).inc()
 
     def job_done(self, created_at: datetime, finished_at: datetime) -> None:
         """Observe a validated job's run time."""

@@ -247,20 +247,17 @@ class WorkerProtocol:
         if found is not None:
             return found
         assert job.chip_id is not None
-        limits = fleet.chip_limits(session.get_one(ChipRow, job.chip_id))
-        warm: list[Config] = []
-        if not self.searches.has_trials(session, job):
-            spec = lookup_kernel(job.kernel)
-            neighbours = configs.nearest_best(
-                session,
-                spec,
-                dict(job.shape),
-                dtype=job.dtype,
-                chip_id=job.chip_id,
-                k=WARM_START_NEIGHBOURS + 1,
-            )
-            warm = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
-        return self.searches.rebuild(session, job, limits, self.db.clock(), warm[:WARM_START_NEIGHBOURS])
+        chip_id = job.chip_id
+        limits = fleet.chip_limits(session.get_one(ChipRow, chip_id))
+
+        def warm_start() -> list[Config]:
+            spec, shape, k = lookup_kernel(job.kernel), dict(job.shape), WARM_START_NEIGHBOURS + 1
+            neighbours = configs.nearest_best(session, spec, shape, dtype=job.dtype, chip_id=chip_id, k=k)
+            return [row.config for _, row in neighbours if row.shape_key != job.shape_key][
+                :WARM_START_NEIGHBOURS
+            ]
+
+        return self.searches.rebuild(session, job, limits, self.db.clock(), warm_start)
 
     def _finalists(self, session: Session, job: JobRow) -> list[Config]:
         """The configs of the job's validation run (see :func:`tiletune.tuner.finalists.finalists`)."""

@@ -25,7 +25,7 @@ the job's row lock does.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -78,25 +78,29 @@ class SearchHost:
         kept = self._kept.get(job.id)
         return kept.search if kept is not None and kept.seq == job.search_seq else None
 
-    def has_trials(self, session: Session, job: JobRow) -> bool:
-        """True once the job's search has handed out a trial (a new search is warm-started only before)."""
-        query = select(TrialRow.id).where(TrialRow.job_id == job.id, TrialRow.phase == "search").limit(1)
-        return session.scalar(query) is not None
-
     def rebuild(
-        self, session: Session, job: JobRow, limits: DeviceLimits, now: datetime, warm_start: Sequence[Config]
+        self,
+        session: Session,
+        job: JobRow,
+        limits: DeviceLimits,
+        now: datetime,
+        warm_start: Callable[[], Sequence[Config]],
     ) -> Search:
-        """The job's search built from its trials (hold :meth:`held`; inside the write transaction)."""
+        """The job's search built from its trials (hold :meth:`held`; inside the write transaction).
+
+        ``warm_start`` is called only for a job without trials yet: its configs are seeded after
+        the default (a resumed search is seeded by its own past).
+        """
         spec = lookup_kernel(job.kernel)
         shape, dtype = dict(job.shape), job.dtype
         knobs = spec.knob_values(shape)
-        seeds = [spec.default_config(shape, dtype, limits), *warm_start]
+        past = self._past(session, job, now, knobs)
+        seeds = [spec.default_config(shape, dtype, limits), *(() if past else warm_start())]
         space = SearchSpace(
             knobs=knobs,
             invalid_reason=lambda config: spec.invalid_reason(config, shape, dtype, limits),
             seeds=[seed for seed in seeds if _within(seed, knobs)],
         )
-        past = self._past(session, job, now, knobs)
         search = Search(
             space,
             strategy=job.strategy,

@@ -142,9 +142,9 @@ def test_a_torn_store_tail_never_stops_the_server(tmp_path: Path) -> None:
         wait_until(lambda: sum(j["progress"]["completed"] for j in jobs(first.url)) >= 4, "4 trials", logs)
         kill(first.process)
         wal = tmp_path / "t.db-wal"
-        if wal.exists():
-            with wal.open("ab") as tail:
-                tail.write(b"\x37\x7f\x06\x82" + b"\x00torn frame" * 50)
+        assert wal.exists(), "a killed SQLite process leaves its write-ahead log behind"
+        with wal.open("ab") as tail:
+            tail.write(b"\x37\x7f\x06\x82" + b"\x00torn frame" * 50)
         (tmp_path / "t.optuna.log").write_text(
             '{"op_code": 0, "worker_id": "x", "study_name": "job-1"}\n{"op_co'
         )
