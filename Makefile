@@ -21,6 +21,10 @@ setup: $(BIN)/python
 	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y -q wrk || { apt-get update -q && apt-get install -y -q wrk; }; }; } || \
 		echo "wrk is missing (apt-get install wrk as root): benchmarks/http_load.py needs it"
+	# Chromium (Debian's package), the browser the dashboard's tests drive through Playwright.
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \
+		{ echo "chromium is missing (apt-get install chromium as root): the dashboard's tests need it"; exit 1; }
 
 # The strict editable install is a tree of links to the sources: cheap to redo, and
 # redone before checks so new modules are seen (mypy follows it; the default finder it does not).

@@ -31,7 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tiletune.client.wire import ErrorBody
-from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers
+from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard
 from tiletune.service.auth import Tokens
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
 from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError, UnavailableError
@@ -143,6 +143,8 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         version="1",
         summary="Tiling autotuning service: sweeps, jobs, worker leases and best configs.",
         lifespan=lifespan,
+        docs_url=None,  # served by the dashboard with local assets (tiletune.service.dashboard.docs)
+        redoc_url=None,
         responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
     )
     app.state.services = services
@@ -155,6 +157,7 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
     )
     for router in routers:
         app.include_router(router)
+    dashboard.mount(app)
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

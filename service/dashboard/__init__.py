@@ -1,0 +1,48 @@
+"""The dashboard: server-rendered pages of the API's app, for people who would rather look.
+
+Pages (Jinja2 templates in ``templates/``; live parts polled as HTML fragments with htmx;
+charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
+
+- ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
+- ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
+
+Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
+a browser gives once to the sign-in form. Tables work without JavaScript, every filter is in
+the URL, and every table downloads as CSV or JSON (:mod:`.tables`). Pages aggregate and page
+in SQL: none reads a whole table or search.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from tiletune.service.dashboard import assets, docs, overview, signin
+from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
+
+ROUTERS = (assets.router, docs.router, signin.router, overview.router)
+
+
+def mount(app: FastAPI) -> None:
+    """Add the dashboard's pages, assets and documentation to ``app``."""
+    app.state.assets = assets.Assets()
+    for router in ROUTERS:
+        app.include_router(router)
+    app.add_exception_handler(SignInRequiredError, _sign_in)
+
+
+async def _sign_in(request: Request, error: Exception) -> Response:
+    """A page that needs a token: the browser goes to sign in (an htmx poll is told to go there)."""
+    assert isinstance(error, SignInRequiredError)
+    target = signin_url(error.next_path)
+    if request.headers.get("hx-request"):
+        response: Response = JSONResponse(
+            {"code": "unauthorized", "message": "sign in again", "field": "authorization"},
+            status_code=401,
+            headers={"HX-Redirect": target},
+        )
+    else:
+        response = RedirectResponse(target, status_code=303)
+    if error.stale:
+        response.delete_cookie(COOKIE, path="/")
+    return response
