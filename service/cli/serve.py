@@ -191,7 +191,9 @@ def cmd_server(args: argparse.Namespace) -> None:
             f" in a secret; `tiletune token create` makes others):\n{first_admin}",
             flush=True,
         )
-    print(f"tiletune server: serving {served_url(sock)} (database {safe_url(settings.db_url)})", flush=True)
+    url = served_url(sock)
+    print(f"tiletune server: serving {url} (database {safe_url(settings.db_url)})", flush=True)
+    print(f"tiletune server: dashboard {url}/ · API docs {url}/docs", flush=True)
     server.run(sockets=[sock])
 
 

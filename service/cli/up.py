@@ -193,6 +193,7 @@ def _print_banner(up: _Up) -> None:
         f" one worker on {up.device.chip.name}). Ctrl-C stops.",
         flush=True,
     )
+    print(f"  dashboard: {up.url}/", flush=True)
     print(f"  your admin token (shown once): export {TOKEN_ENV}={up.person_token}", flush=True)
     if up.request is None:
         print(
