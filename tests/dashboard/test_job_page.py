@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, Page
-from sqlalchemy import create_engine, insert
+from sqlalchemy import create_engine, insert, update
 
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tests.service.processes import stop
@@ -132,7 +132,7 @@ def fill_job(url: str, trials: int, state: str = "done", seed: int = 7) -> int:
         for number in range(trials):
             config = {name: rng.choice(values) for name, values in KNOBS.items()}
             told = START + timedelta(seconds=2 * number)
-            row = {
+            row: dict[str, Any] = {
                 "job_id": job_id,
                 "number": number,
                 "lease_id": None,
@@ -174,7 +174,7 @@ def fill_job(url: str, trials: int, state: str = "done", seed: int = 7) -> int:
         connection.execute(insert(TrialRow), validation)
         counts = {s: sum(r["state"] == s for r in rows) for s in ("measured", "invalid", "failed")}
         connection.execute(
-            JobRow.__table__.update()
+            update(JobRow)
             .where(JobRow.id == job_id)
             .values(
                 completed=counts["measured"],
@@ -289,7 +289,8 @@ def test_the_job_page_draws_every_measured_trial_of_the_store(store: Filled) -> 
     knobs = figs["chart-knobs"]["data"][0]
     assert [d["label"] for d in knobs["dimensions"]] == ["block_x", "block_y", "unroll", "log10 ms"]
     assert len(knobs["line"]["color"]) == len(measured)
-    assert 'id="job-live"' in page.text and "hx-trigger" not in page.text, "a done job does not poll"
+    assert 'id="job-live"' in page.text
+    assert "hx-trigger" not in page.text, "a done job does not poll"
 
 
 def test_the_job_page_lists_failures_and_validation_and_downloads_them(store: Filled) -> None:
@@ -434,7 +435,8 @@ def test_the_job_page_follows_a_running_job_until_it_is_done(fleet: Fleet, brows
             told_values = [told for told, _ in seen]
             point_values = [points for _, points in seen]
             assert len(set(told_values)) >= 3, f"the trial count did not grow across polls: {seen}"
-            assert told_values == sorted(told_values) and point_values == sorted(point_values), seen
+            assert told_values == sorted(told_values), seen
+            assert point_values == sorted(point_values), seen
             assert point_values[-1] > point_values[0], f"chart-trials got no new points: {seen}"
             page.wait_for_selector("#job-state:text-is('done')", timeout=120_000)
             assert page.evaluate("window.__notReloaded === true"), "the page reloaded instead of polling"
