@@ -77,15 +77,19 @@ def format_duration(seconds: float | None) -> str | None:
 
 
 def influences(configs: Sequence[Mapping[str, Any]], times_ms: Sequence[float]) -> dict[str, float]:
-    """Each knob that varies → the share of the variance of ``log(time)`` it explains.
+    """Each knob that varies → the share of the variance of ``log(time)`` it explains (0 … 1).
 
-    The rule: group the measured trials by the knob's value; the share is the between-groups
-    sum of squares of ``log(time)`` over its total sum of squares (η², 0 … 1). Knobs with a
-    single value among the trials are left out; with no spread in time at all every knob gets 0.
+    The rule: group the measured trials by the knob's value (``k`` groups of ``n`` trials) and
+    take the between-groups sum of squares of ``log(time)`` over its total sum of squares,
+    adjusted for the number of groups (ε²: ``(SSB - (k - 1)·SSW/(n - k)) / SST``, at least 0),
+    so that a knob does not explain much merely by having many values among few trials. A knob
+    with as many values as trials explains 0 (no trial shares a value to compare with); knobs
+    with a single value are left out; with no spread in time at all every knob gets 0.
     """
     logs = [math.log(t) for t in times_ms]
     if len(logs) < 2:
         return {}
+    n = len(logs)
     mean = statistics.fmean(logs)
     total = sum((v - mean) ** 2 for v in logs)
     knobs = {name for config in configs for name in config}
@@ -94,10 +98,15 @@ def influences(configs: Sequence[Mapping[str, Any]], times_ms: Sequence[float]) 
         groups: dict[str, list[float]] = defaultdict(list)
         for config, value in zip(configs, logs, strict=True):
             groups[_label(config.get(knob))].append(value)
-        if len(groups) < 2:
+        k = len(groups)
+        if k < 2:
+            continue
+        if total <= 0 or n <= k:
+            shares[knob] = 0.0
             continue
         between = sum(len(g) * (statistics.fmean(g) - mean) ** 2 for g in groups.values())
-        shares[knob] = between / total if total > 0 else 0.0
+        within = total - between
+        shares[knob] = max(0.0, min(1.0, (between - (k - 1) * within / (n - k)) / total))
     return shares
 
 

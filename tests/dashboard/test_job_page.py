@@ -235,9 +235,16 @@ def test_influence_is_the_share_of_log_time_variance_a_knob_explains() -> None:
     assert set(shares) == {"a", "b"}, "a knob with one value explains nothing and is left out"
     assert shares["a"] == pytest.approx(1.0)
     assert shares["b"] == pytest.approx(0.0)
-    mixed = influences(configs, [c["a"] * 10.0 * (1 + 0.1 * c["b"]) for c in configs])
+    replicated = [{"a": a, "b": b} for a in (1, 2) for b in (1, 2, 3) for _ in range(4)]
+    wobble = [1.0, 1.02, 0.98, 1.01] * 6
+    mixed = influences(
+        replicated, [c["a"] * 10.0 * (1 + 0.3 * c["b"]) * w for c, w in zip(replicated, wobble, strict=True)]
+    )
     assert mixed["a"] > mixed["b"] > 0
-    assert 0 < mixed["a"] + mixed["b"] <= 1 + 1e-9
+    assert mixed["a"] + mixed["b"] <= 1 + 1e-9
+    unique = [{"id": n, "a": n % 2} for n in range(10)]
+    spread = influences(unique, [10.0 + n for n in range(10)])
+    assert spread["id"] == 0.0, "a knob with a value per trial explains nothing by having many values"
     assert influences(configs, [5.0] * len(configs)) == {"a": 0.0, "b": 0.0}
 
 
@@ -490,7 +497,8 @@ def test_the_jobs_list_filters_and_downloads(fleet: Fleet, browser: Browser) -> 
         kernels = page.locator("#table-jobs tbody tr td:nth-child(2)").all_inner_texts()
         assert kernels
         assert set(kernels) == {"softmax"}
+        screenshot(page, "jobs")
         page.locator("#table-jobs tbody tr").first.locator("a").first.click()
         page.wait_for_selector("#job-live")
-        screenshot(page, "jobs")
+        chart_points(page, "chart-trials")
         watched.assert_clean()
