@@ -209,8 +209,18 @@ def jobs_list(
     return render(request, viewer, "jobs.html", context)
 
 
-def _trial_tables(trials: Sequence[TrialTuple], default_ms: float | None) -> dict[str, Table]:
-    """The failures, validation, top and (download only) all-trials tables of one job."""
+def _row(trial: TrialTuple) -> dict[str, Any]:
+    return {**trial._asdict(), "told_at": aware(trial.told_at) if trial.told_at is not None else None}
+
+
+def _trial_tables(
+    trials: Sequence[TrialTuple], default_ms: float | None, all_trials: bool
+) -> dict[str, Table]:
+    """The failures, validation and top tables of one job, and the download-only ``trials``.
+
+    ``trials`` holds every trial when ``all_trials`` (its download asks for it), else no row:
+    a page never turns thousands of trials into table rows it does not show.
+    """
     trial_columns = [
         Column("number", "Trial", "number"),
         Column("phase", "Phase"),
@@ -223,19 +233,20 @@ def _trial_tables(trials: Sequence[TrialTuple], default_ms: float | None) -> dic
         Column("reason", "Reason"),
         Column("told_at", "Told", "when"),
     ]
-    everything = [
-        {**trial._asdict(), "told_at": aware(trial.told_at) if trial.told_at is not None else None}
-        for trial in trials
+    failures = [_row(t) for t in trials if t.state in ("failed", "invalid")]
+    validation = [
+        _row(t)
+        for t in sorted(
+            (t for t in trials if t.phase == "validate"),
+            key=lambda t: (t.median_ms is None, t.median_ms or 0.0),
+        )
     ]
-    failures = [row for row in everything if row["state"] in ("failed", "invalid")]
-    validation = sorted(
-        (row for row in everything if row["phase"] == "validate"),
-        key=lambda row: (row["median_ms"] is None, row["median_ms"] or 0.0),
-    )
-    measured = [row for row in everything if row["phase"] == "search" and row["state"] == "measured"]
+    measured = [
+        t for t in trials if t.phase == "search" and t.state == "measured" and t.median_ms is not None
+    ]
     top = [
-        {**row, "speedup": _speedup(default_ms, row["median_ms"])}
-        for row in sorted(measured, key=lambda row: row["median_ms"])[:TOP]
+        {**_row(t), "speedup": _speedup(default_ms, t.median_ms)}
+        for t in sorted(measured, key=lambda t: t.median_ms or 0.0)[:TOP]
     ]
     pick_columns = {column.key: column for column in trial_columns}
 
@@ -264,12 +275,12 @@ def _trial_tables(trials: Sequence[TrialTuple], default_ms: float | None) -> dic
             top,
             empty="no trial measured yet",
         ),
-        "trials": Table("trials", trial_columns, everything),
+        "trials": Table("trials", trial_columns, [_row(t) for t in trials] if all_trials else []),
     }
 
 
-def job_context(session: Session, job_id: int) -> dict[str, Any]:
-    """Everything the job page and its live fragment show, from two queries."""
+def job_context(session: Session, job_id: int, all_trials: bool = False) -> dict[str, Any]:
+    """Everything the job page and its live fragment show, from two queries (see :func:`_trial_tables`)."""
     header = session.execute(
         select(*_HEADER_COLUMNS).outerjoin(ChipRow, ChipRow.id == JobRow.chip_id).where(JobRow.id == job_id)
     ).one_or_none()
@@ -282,7 +293,7 @@ def job_context(session: Session, job_id: int) -> dict[str, Any]:
     done = job["completed"] + job["invalid"] + job["failed"]
     live = job["state"] in LIVE_STATES
     figures = job_figures(trials, job["default_ms"])
-    tables = _trial_tables(trials, job["default_ms"])
+    tables = _trial_tables(trials, job["default_ms"], all_trials)
     shown_failures = dataclasses.replace(tables["failures"], rows=tables["failures"].rows[:FAILURES_SHOWN])
     return {
         "job": job,
@@ -308,7 +319,7 @@ def job_page(
 ) -> Response:
     """One job's page (see the module docstring); ``format=csv|json`` downloads a table."""
     with request.app.state.services.db.read() as session:
-        context = job_context(session, job_id)
+        context = job_context(session, job_id, all_trials=format != "html" and table == "trials")
     if format != "html":
         return download(pick(list(context["tables"].values()), table), format)
     return render(request, viewer, "job.html", context)
