@@ -350,6 +350,13 @@ def test_the_jobs_list_filters_in_the_url_and_refuses_an_unknown_state(store: Fi
     assert store.client.get("/jobs", params={"state": "running", "format": "json"}).json() == []
     assert store.client.get("/jobs", params={"chip": "test/chip", "format": "json"}).json() == listed
     assert store.client.get("/jobs", params={"kernel": "other", "format": "json"}).json() == []
+    sweep_id = store.client.get(f"/v1/jobs/{store.job_id}").json()["sweep_id"]
+    assert store.client.get("/jobs", params={"sweep": sweep_id, "format": "json"}).json() == listed
+    assert store.client.get("/jobs", params={"sweep": sweep_id + 1, "format": "json"}).json() == []
+    page = store.client.get("/jobs", params={"state": "done", "kernel": "filled_kernel"})
+    assert page.status_code == 200
+    assert f'href="/jobs/{store.job_id}"' in page.text
+    assert '<option value="done" selected>' in page.text
     refused = store.client.get("/jobs", params={"state": "finished"})
     assert refused.status_code == 422
     assert refused.json()["field"] == "state"
