@@ -4,6 +4,7 @@ Pages (Jinja2 templates in ``templates/``; live parts polled as HTML fragments w
 charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 
 - ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
+- ``/jobs``, ``/jobs/{id}`` (live while it runs), ``/jobs/{id}/live`` (:mod:`.job_page`, :mod:`.job_charts`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
 
 Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
@@ -17,10 +18,10 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from tiletune.service.dashboard import assets, docs, overview, signin
+from tiletune.service.dashboard import assets, docs, job_page, overview, signin
 from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
 
-ROUTERS = (assets.router, docs.router, signin.router, overview.router)
+ROUTERS = (assets.router, docs.router, signin.router, overview.router, job_page.router)
 
 
 def mount(app: FastAPI) -> None:

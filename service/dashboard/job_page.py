@@ -1,0 +1,342 @@
+"""``/jobs`` (the jobs list) and ``/jobs/{id}`` (one job, live while it runs).
+
+- ``/jobs``: newest first, filtered by ``state``, ``kernel``, ``chip`` and ``sweep`` (in the URL),
+  one page at a time (LIMIT/OFFSET and COUNT in SQL); ``format=csv|json`` downloads the page.
+- ``/jobs/{id}``: the job's header (kernel, shape, dtype, chip, backend, strategy, sweep),
+  its progress (trials told / budget, an ETA while it runs), four charts of its measured
+  search trials (:mod:`.job_charts`), its invalid and failed trials with their reasons, the
+  ten best trials and the final interleaved validation table. Downloads: ``table=failures``,
+  ``validation``, ``top`` or ``trials`` (every trial of the job).
+- ``/jobs/{id}/live``: the page's live part (``templates/job_live.html``) as an htmx fragment.
+  While the job is live (:data:`~tiletune.client.wire.LIVE_JOB_STATES`) the fragment polls
+  itself every 2 s; once it ends, the fragment comes back without the trigger and polling
+  stops. The chart divs are kept across swaps (``hx-preserve``); the swapped-in figure scripts
+  are what ``dashboard.js`` redraws them from.
+
+The job page reads its trials with one query of the columns it needs (tuples, no ORM rows),
+and builds every figure and table from them in one pass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Annotated, Any
+from urllib.parse import urlencode
+
+from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import Response
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from tiletune.client.wire import JOB_STATES, LIVE_JOB_STATES, MAX_DB_INT
+from tiletune.service.dashboard.job_charts import (
+    CHART_IDS,
+    TrialTuple,
+    eta_seconds,
+    format_duration,
+    job_figures,
+)
+from tiletune.service.dashboard.render import render, shape_url
+from tiletune.service.dashboard.session import ViewerDep
+from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, pick
+from tiletune.service.database import aware
+from tiletune.service.dependencies import IdPath
+from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.models import ChipRow, JobRow, TrialRow
+
+router = APIRouter(include_in_schema=False)
+
+#: Rows of the failures table shown on the page (the download holds all of them).
+FAILURES_SHOWN = 100
+TOP = 10
+LIVE_STATES = frozenset(state.value for state in LIVE_JOB_STATES)
+Filter = Annotated[str | None, Query(max_length=200)]
+
+_chip = func.coalesce(ChipRow.name, JobRow.chip_target).label("chip")
+_LIST_COLUMNS = (
+    JobRow.id,
+    JobRow.kernel,
+    JobRow.shape_key,
+    JobRow.dtype,
+    _chip,
+    JobRow.state,
+    JobRow.completed,
+    JobRow.invalid,
+    JobRow.failed,
+    JobRow.trials,
+    JobRow.best_ms,
+    JobRow.default_ms,
+    JobRow.updated_at,
+)
+_HEADER_COLUMNS = (
+    JobRow.id,
+    JobRow.sweep_id,
+    JobRow.kernel,
+    JobRow.kernel_version,
+    JobRow.shape_key,
+    JobRow.dtype,
+    _chip,
+    JobRow.backend,
+    JobRow.strategy,
+    JobRow.state,
+    JobRow.trials,
+    JobRow.completed,
+    JobRow.invalid,
+    JobRow.failed,
+    JobRow.best_ms,
+    JobRow.best_config,
+    JobRow.default_ms,
+    JobRow.default_config,
+    JobRow.failure_reasons,
+    JobRow.created_at,
+    JobRow.updated_at,
+    JobRow.finished_at,
+)
+_TRIAL_COLUMNS = (
+    TrialRow.number,
+    TrialRow.phase,
+    TrialRow.config,
+    TrialRow.state,
+    TrialRow.median_ms,
+    TrialRow.p10_ms,
+    TrialRow.p90_ms,
+    TrialRow.samples,
+    TrialRow.reason,
+    TrialRow.told_at,
+)
+
+
+def _speedup(default_ms: float | None, best_ms: float | None) -> float | None:
+    return default_ms / best_ms if default_ms and best_ms else None
+
+
+@dataclasses.dataclass(frozen=True)
+class JobFilters:
+    """The jobs list's filters (``None``: any)."""
+
+    state: str | None = None
+    kernel: str | None = None
+    chip: str | None = None
+    sweep: int | None = None
+
+
+def jobs_table(session: Session, page: Paging, filters: JobFilters) -> Table:
+    """One page of the jobs, newest first, with the filters applied in SQL; a bad ``state`` is a 422."""
+    state, kernel, chip, sweep = filters.state, filters.kernel, filters.chip, filters.sweep
+    if state is not None and state not in JOB_STATES:
+        raise InvalidInputError(f"state must be one of {list(JOB_STATES)}, got {state!r}", field="state")
+    conditions = []
+    if state is not None:
+        conditions.append(JobRow.state == state)
+    if kernel is not None:
+        conditions.append(JobRow.kernel == kernel)
+    if chip is not None:
+        conditions.append(_chip == chip)
+    if sweep is not None:
+        conditions.append(JobRow.sweep_id == sweep)
+    base = select(*_LIST_COLUMNS).outerjoin(ChipRow, ChipRow.id == JobRow.chip_id).where(*conditions)
+    total = session.execute(select(func.count()).select_from(base.subquery())).scalar_one()
+    rows = session.execute(base.order_by(JobRow.id.desc()).limit(page.per_page).offset(page.offset)).all()
+    columns = [
+        Column("id", "Job", "number"),
+        Column("kernel", "Kernel"),
+        Column("shape", "Shape"),
+        Column("dtype", "Dtype"),
+        Column("chip", "Chip"),
+        Column("state", "State"),
+        Column("trials", "Trials told / budget"),
+        Column("best_ms", "Best", "ms"),
+        Column("speedup", "vs default", "speedup"),
+        Column("updated_at", "Updated", "when"),
+    ]
+    table_rows = [
+        {
+            "id": Link(str(id_), f"/jobs/{id_}"),
+            "kernel": Link(kernel_, f"/kernels/{kernel_}"),
+            "shape": Link(shape_key, shape_url(kernel_, shape_key, dtype)),
+            "dtype": dtype,
+            "chip": chip_,
+            "state": state_,
+            "trials": f"{completed + invalid + failed}/{budget}",
+            "best_ms": best,
+            "speedup": _speedup(default, best),
+            "updated_at": aware(updated),
+        }
+        for (
+            id_,
+            kernel_,
+            shape_key,
+            dtype,
+            chip_,
+            state_,
+            completed,
+            invalid,
+            failed,
+            budget,
+            best,
+            default,
+            updated,
+        ) in rows
+    ]
+    return Table("jobs", columns, table_rows, total=total, paging=page, empty="no job matches these filters")
+
+
+def _blank(value: str | None) -> str | None:
+    return value if value else None
+
+
+@router.get("/jobs")
+def jobs_list(
+    request: Request,
+    viewer: ViewerDep,
+    *,
+    page: Annotated[Paging, Depends(paging)],
+    state: Filter = None,
+    kernel: Filter = None,
+    chip: Filter = None,
+    sweep: Annotated[int | None, Query(ge=1, le=MAX_DB_INT)] = None,
+    format: Format = "html",
+    table: str | None = None,
+) -> Response:
+    """The jobs list (see the module docstring)."""
+    filters = JobFilters(_blank(state), _blank(kernel), _blank(chip), sweep)
+    with request.app.state.services.db.read() as session:
+        jobs = jobs_table(session, page, filters)
+    if format != "html":
+        return download(pick([jobs], table), format)
+    context = {"jobs": jobs, "states": JOB_STATES, **dataclasses.asdict(filters)}
+    return render(request, viewer, "jobs.html", context)
+
+
+def _row(trial: TrialTuple) -> dict[str, Any]:
+    return {**trial._asdict(), "told_at": aware(trial.told_at) if trial.told_at is not None else None}
+
+
+def _trial_tables(
+    trials: Sequence[TrialTuple], default_ms: float | None, all_trials: bool
+) -> dict[str, Table]:
+    """The failures, validation and top tables of one job, and the download-only ``trials``.
+
+    ``trials`` holds every trial when ``all_trials`` (its download asks for it), else no row:
+    a page never turns thousands of trials into table rows it does not show.
+    """
+    trial_columns = [
+        Column("number", "Trial", "number"),
+        Column("phase", "Phase"),
+        Column("state", "State"),
+        Column("config", "Config", "config"),
+        Column("median_ms", "Median", "ms"),
+        Column("p10_ms", "p10", "ms"),
+        Column("p90_ms", "p90", "ms"),
+        Column("samples", "Samples", "number"),
+        Column("reason", "Reason"),
+        Column("told_at", "Told", "when"),
+    ]
+    failures = [_row(t) for t in trials if t.state in ("failed", "invalid")]
+    validation = [
+        _row(t)
+        for t in sorted(
+            (t for t in trials if t.phase == "validate"),
+            key=lambda t: (t.median_ms is None, t.median_ms or 0.0),
+        )
+    ]
+    measured = [
+        t for t in trials if t.phase == "search" and t.state == "measured" and t.median_ms is not None
+    ]
+    top = [
+        {**_row(t), "speedup": _speedup(default_ms, t.median_ms)}
+        for t in sorted(measured, key=lambda t: t.median_ms or 0.0)[:TOP]
+    ]
+    pick_columns = {column.key: column for column in trial_columns}
+
+    def columns(*keys: str) -> list[Column]:
+        return [pick_columns[key] for key in keys]
+
+    return {
+        "failures": Table(
+            "failures",
+            columns("number", "phase", "state", "config", "reason", "told_at"),
+            failures,
+            empty="no trial failed or was invalid",
+        ),
+        "validation": Table(
+            "validation",
+            [*columns("config", "state", "median_ms", "p10_ms", "p90_ms", "samples", "reason")],
+            validation,
+            empty="not validated yet: the best configs are re-measured, interleaved, when the search ends",
+        ),
+        "top": Table(
+            "top",
+            [
+                *columns("number", "config", "median_ms", "p10_ms", "p90_ms"),
+                Column("speedup", "vs default", "speedup"),
+            ],
+            top,
+            empty="no trial measured yet",
+        ),
+        "trials": Table("trials", trial_columns, [_row(t) for t in trials] if all_trials else []),
+    }
+
+
+def job_context(session: Session, job_id: int, all_trials: bool = False) -> dict[str, Any]:
+    """Everything the job page and its live fragment show, from two queries (see :func:`_trial_tables`)."""
+    header = session.execute(
+        select(*_HEADER_COLUMNS).outerjoin(ChipRow, ChipRow.id == JobRow.chip_id).where(JobRow.id == job_id)
+    ).one_or_none()
+    if header is None:
+        raise NotFoundError(f"no job {job_id}", field="job_id")
+    job = header._asdict()
+    rows = session.execute(select(*_TRIAL_COLUMNS).where(TrialRow.job_id == job_id).order_by(TrialRow.id))
+    trials = [TrialTuple._make(row) for row in rows]
+    told = [t.told_at for t in trials if t.phase == "search" and t.told_at is not None]
+    done = job["completed"] + job["invalid"] + job["failed"]
+    live = job["state"] in LIVE_STATES
+    figures = job_figures(trials, job["default_ms"])
+    tables = _trial_tables(trials, job["default_ms"], all_trials)
+    shown_failures = dataclasses.replace(tables["failures"], rows=tables["failures"].rows[:FAILURES_SHOWN])
+    return {
+        "job": job,
+        "done": done,
+        "percent": min(100.0, 100.0 * done / job["trials"]) if job["trials"] else 100.0,
+        "eta": format_duration(eta_seconds(told, done, job["trials"])) if job["state"] == "running" else None,
+        "live": live,
+        "speedup": _speedup(job["default_ms"], job["best_ms"]),
+        "charts": CHART_IDS,
+        "figures": figures.figures,
+        "heatmap_knobs": figures.heatmap_knobs,
+        "heatmap_note": figures.note,
+        "tables": tables,
+        "failures": shown_failures,
+        "failures_total": len(tables["failures"].rows),
+        "shape_url": shape_url(job["kernel"], job["shape_key"], job["dtype"]),
+    }
+
+
+@router.get("/jobs/{job_id}")
+def job_page(
+    request: Request, job_id: IdPath, viewer: ViewerDep, format: Format = "html", table: str | None = None
+) -> Response:
+    """One job's page (see the module docstring); ``format=csv|json`` downloads a table."""
+    with request.app.state.services.db.read() as session:
+        context = job_context(session, job_id, all_trials=format != "html" and table == "trials")
+    if format != "html":
+        return download(pick(list(context["tables"].values()), table), format)
+    return render(request, viewer, "job.html", context)
+
+
+@router.get("/jobs/{job_id}/live")
+def job_live(request: Request, job_id: IdPath, viewer: ViewerDep) -> Response:
+    """The job page's live part: progress, figure data and tables (polls itself while live).
+
+    Its links (the tables' downloads) are the job page's, not the fragment's.
+    """
+    with request.app.state.services.db.read() as session:
+        context = job_context(session, job_id)
+    context["url_with"] = lambda **changes: _page_url(f"/jobs/{job_id}", changes)
+    return render(request, viewer, "job_live.html", context)
+
+
+def _page_url(path: str, changes: dict[str, object]) -> str:
+    query = urlencode({name: str(value) for name, value in changes.items() if value is not None})
+    return path + (f"?{query}" if query else "")
