@@ -4,6 +4,8 @@ Pages (Jinja2 templates in ``templates/``; live parts polled as HTML fragments w
 charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 
 - ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
+- ``/kernels/{kernel}`` a kernel's tuned keys (:mod:`.kernel_page`)
+- ``/kernels/{kernel}/shapes/{shape_key}`` one key's best, history and neighbours (:mod:`.shape_page`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
 
 Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
@@ -17,10 +19,17 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from tiletune.service.dashboard import assets, docs, overview, signin
+from tiletune.service.dashboard import assets, docs, kernel_page, overview, shape_page, signin
 from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
 
-ROUTERS = (assets.router, docs.router, signin.router, overview.router)
+ROUTERS = (
+    assets.router,
+    docs.router,
+    signin.router,
+    overview.router,
+    kernel_page.router,
+    shape_page.router,
+)
 
 
 def mount(app: FastAPI) -> None:
