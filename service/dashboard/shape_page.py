@@ -260,8 +260,9 @@ def history_figure(rows: list[Any]) -> dict[str, Any]:
                 row.chip,
                 {
                     "type": "scatter",
-                    "mode": "lines",
+                    "mode": "lines+markers",
                     "line": {"dash": "dash", "width": 1},
+                    "marker": {"symbol": "circle-open"},
                     "name": f"{row.chip} · default rule",
                     "x": [],
                     "y": [],
