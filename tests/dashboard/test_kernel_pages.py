@@ -352,3 +352,11 @@ def test_the_shape_page_charts_every_promotion_of_the_key(fleet: Fleet, browser:
         assert len(_table_rows(page, "history")) == len(history)
         screenshot(page, "shape")
         watched.assert_clean()
+
+
+def test_the_served_pages_refuse_a_bad_sort_key_naming_it(fleet: Fleet) -> None:
+    with fleet.http("reader") as http:
+        answer = http.get(f"/kernels/{REPLAY_KERNEL}", params={"sort": "-variant"})
+        assert answer.status_code == 422, answer.text
+        assert answer.json()["field"] == "sort"
+        assert http.get(f"/kernels/{REPLAY_KERNEL}", params={"sort": "-speedup"}).status_code == 200
