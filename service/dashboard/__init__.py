@@ -5,6 +5,8 @@ charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 
 - ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
 - ``/jobs``, ``/jobs/{id}`` (live while it runs), ``/jobs/{id}/live`` (:mod:`.job_page`, :mod:`.job_charts`)
+- ``/kernels/{kernel}`` a kernel's tuned keys (:mod:`.kernel_page`)
+- ``/kernels/{kernel}/shapes/{shape_key}`` one key's best, history and neighbours (:mod:`.shape_page`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
 
 Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
@@ -18,10 +20,18 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from tiletune.service.dashboard import assets, docs, job_page, overview, signin
+from tiletune.service.dashboard import assets, docs, job_page, kernel_page, overview, shape_page, signin
 from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
 
-ROUTERS = (assets.router, docs.router, signin.router, overview.router, job_page.router)
+ROUTERS = (
+    assets.router,
+    docs.router,
+    signin.router,
+    overview.router,
+    job_page.router,
+    kernel_page.router,
+    shape_page.router,
+)
 
 
 def mount(app: FastAPI) -> None:
