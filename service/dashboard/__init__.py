@@ -5,6 +5,8 @@ charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 
 - ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
+- ``/misses`` untuned keys clients asked for, and the button queueing them (:mod:`.misses_page`)
+- ``/compare`` two chips, or two software versions of one chip, side by side (:mod:`.compare_page`)
 
 Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
 a browser gives once to the sign-in form. Tables work without JavaScript, every filter is in
@@ -17,10 +19,17 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from tiletune.service.dashboard import assets, docs, overview, signin
+from tiletune.service.dashboard import assets, compare_page, docs, misses_page, overview, signin
 from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
 
-ROUTERS = (assets.router, docs.router, signin.router, overview.router)
+ROUTERS = (
+    assets.router,
+    docs.router,
+    signin.router,
+    overview.router,
+    misses_page.router,
+    compare_page.router,
+)
 
 
 def mount(app: FastAPI) -> None:

@@ -1,0 +1,5 @@
+"""``/compare``: placeholder."""
+
+from fastapi import APIRouter
+
+router = APIRouter(include_in_schema=False)
