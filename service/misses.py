@@ -274,6 +274,7 @@ class SelectedQueued:
 def queue_selected(
     session: Session,
     miss_ids: list[int],
+    *,
     trials: int,
     now: datetime,
     owner_token_id: int | None,
@@ -285,10 +286,11 @@ def queue_selected(
     One job per miss (its kernel, shape, dtype and ``chips=[its chip]``, ``trials``, the
     kernel's :func:`demand_backend`), planned and born by the sweeps' rules (a key already
     tuned on its chip's newest software is born ``skipped``). Left alone: misses of a kernel
-    version that is no longer the registry's (``stale``) and misses whose key has a live job
-    on its chip (``live``); a kernel no longer registered is stale too. A queued job's id is kept on its miss. Runs in the caller's
-    (write) transaction; an unknown id is an :class:`InvalidInputError` naming ``miss``, and so
-    is a choice one sweep cannot hold (over ``max_jobs`` jobs, 64 kernels or 64 chips).
+    version that is no longer the registry's (``stale``: a kernel no longer registered too) and
+    misses whose key has a live job on its chip (``live``). A queued job's id is kept on its
+    miss. Runs in the caller's (write) transaction; an unknown id is an
+    :class:`InvalidInputError` naming ``miss``, and so is a choice one sweep cannot hold (over
+    ``max_jobs`` jobs, 64 kernels or 64 chips).
     """
     ids = list(dict.fromkeys(miss_ids))
     rows = {row.id: row for row in session.scalars(select(MissRow).where(MissRow.id.in_(ids)))}

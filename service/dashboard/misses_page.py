@@ -88,7 +88,7 @@ def _current_versions(kernel: str | None) -> ColumnElement[bool]:
     return or_(*(and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version) for s in specs))
 
 
-def _misses_query(kernel: str | None, chip: str | None, show: Show) -> Select[Any]:
+def _misses_query(kernel: str | None, chip: str | None, show: Show) -> Select[*tuple[Any, ...]]:
     """The misses the filters keep, each with its best time on its chip and its job's state."""
     query = (
         select(
@@ -127,26 +127,26 @@ def _misses_query(kernel: str | None, chip: str | None, show: Show) -> Select[An
 
 
 def misses_table(
-    session: Session, kernel: str | None, chip: str | None, show: Show, sort: str | None, page: Paging
+    session: Session, *, kernel: str | None, chip: str | None, show: Show, sort: str | None, page: Paging
 ) -> Table:
     """One page of the misses the filters keep (see the module docstring), counted in SQL."""
     name, descending = sort_key(sort, list(SORTS), "-count")
     query = _misses_query(kernel, chip, show)
     total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
     column = SORTS[name]
-    order = [column.desc() if descending else column.asc()]
+    order: list[Any] = [column.desc() if descending else column.asc()]
     if name != "last_seen_at":
         order.append(MissRow.last_seen_at.desc())
-    rows = session.execute(
-        query.order_by(*order, MissRow.id).limit(page.per_page).offset(page.offset)
-    ).all()
+    rows = session.execute(query.order_by(*order, MissRow.id).limit(page.per_page).offset(page.offset)).all()
     table_rows = []
     for miss_id, name_, shape_key, dtype, chip_name, count, match, job_id, first, last, state, best in rows:
         table_rows.append(
             {
                 "id": miss_id,
                 "kernel": Link(name_, f"/kernels/{name_}"),
-                "shape": Link(shape_key, shape_url(name_, shape_key, dtype)) if best is not None else shape_key,
+                "shape": Link(shape_key, shape_url(name_, shape_key, dtype))
+                if best is not None
+                else shape_key,
                 "dtype": dtype,
                 "chip": chip_name,
                 "count": count,
@@ -160,9 +160,7 @@ def misses_table(
             }
         )
     empty = "no client has missed an untuned key" if show == "untuned" else "no client has missed a key"
-    return Table(
-        "misses", COLUMNS, table_rows, total, page, sort=name, descending=descending, empty=empty
-    )
+    return Table("misses", COLUMNS, table_rows, total, page, sort=name, descending=descending, empty=empty)
 
 
 def missed_chips(session: Session) -> list[str]:
@@ -193,6 +191,7 @@ CountQuery = Annotated[int, Query(ge=0, le=MAX_SELECTED)]
 def misses_page(
     request: Request,
     viewer: ViewerDep,
+    *,
     page: Annotated[Paging, Depends(paging)],
     kernel: KernelQuery = None,
     chip: ChipQuery = None,
@@ -206,7 +205,9 @@ def misses_page(
     """The misses page (see the module docstring); ``format=csv|json`` downloads the table."""
     services = request.app.state.services
     with services.db.read() as session:
-        table = misses_table(session, kernel or None, chip or None, show, sort, page)
+        table = misses_table(
+            session, kernel=kernel or None, chip=chip or None, show=show, sort=sort, page=page
+        )
         if format != "html":
             return download(table, format)
         chips = missed_chips(session)
@@ -277,11 +278,11 @@ async def queue_misses(request: Request, viewer: ViewerDep) -> Response:
             return queue_selected(
                 session,
                 ids,
-                trials,
-                services.db.clock(),
-                identity.token_id,
-                services.settings.max_jobs_per_sweep,
-                services.settings.max_shape_bytes,
+                trials=trials,
+                now=services.db.clock(),
+                owner_token_id=identity.token_id,
+                max_jobs=services.settings.max_jobs_per_sweep,
+                max_shape_bytes=services.settings.max_shape_bytes,
             )
 
     result = await run_in_threadpool(queue)
