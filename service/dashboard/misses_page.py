@@ -8,10 +8,11 @@
   ``kernel`` and ``chip``; sorted, counted and paged in SQL; downloads as CSV or JSON.
 - A viewer with the submitter role (an admin holds it too) sees a checkbox per key without a
   live job and the form "Queue a sweep for the selected": ``POST /misses/queue`` with ``csrf``,
-  ``miss`` (repeated: miss ids, at most :data:`MAX_SELECTED`) and ``trials`` (default: the
-  server's ``miss_trials``). It queues one sweep with one job per chosen key
-  (:func:`tiletune.service.misses.queue_selected`, one write transaction) and sends the browser
-  back to ``/misses?queued=SWEEP`` where a notice lists the new jobs. A reader sees neither the
+  ``miss`` (repeated: miss ids, at most :data:`MAX_SELECTED`), ``trials`` (default: the
+  server's ``miss_trials``) and the page's filters. It queues one sweep with one job per
+  chosen key (:func:`tiletune.service.misses.queue_selected`, one write transaction) and sends
+  the browser back to the page, filters kept, with ``queued=SWEEP`` (and ``live``, ``stale``:
+  how many chosen misses it left alone) where a notice lists the new jobs. A reader sees neither the
   checkboxes nor the form, and a reader's POST is refused (403), as is one without the page's
   CSRF token or from another site.
 """
@@ -19,6 +20,7 @@
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -254,14 +256,25 @@ def _trials(values: list[str], default: int) -> int:
     return int(text)
 
 
-def _notice_url(result: SelectedQueued) -> str:
-    params = [
-        ("queued", result.sweep_id),
-        ("live", len(result.live) or None),
-        ("stale", len(result.stale) or None),
+#: The page's filters a posted form carries back (hidden fields), so the notice keeps the view.
+KEPT_FILTERS = ("kernel", "chip", "show")
+
+
+def _notice_url(result: SelectedQueued, fields: dict[str, list[str]]) -> str:
+    """``/misses`` with the notice of ``result`` and the filters the form came from."""
+    params: list[tuple[str, object]] = [
+        (name, fields[name][0][:200]) for name in KEPT_FILTERS if (fields.get(name) or [""])[0]
     ]
-    query = "&".join(f"{name}={value}" for name, value in params if value is not None)
-    return "/misses" + (f"?{query}" if query else "")
+    params += [
+        (name, value)
+        for name, value in (
+            ("queued", result.sweep_id),
+            ("live", len(result.live)),
+            ("stale", len(result.stale)),
+        )
+        if value
+    ]
+    return "/misses" + (f"?{urlencode(params)}" if params else "")
 
 
 @router.post("/misses/queue")
@@ -286,4 +299,4 @@ async def queue_misses(request: Request, viewer: ViewerDep) -> Response:
             )
 
     result = await run_in_threadpool(queue)
-    return RedirectResponse(_notice_url(result), status_code=303)
+    return RedirectResponse(_notice_url(result, fields), status_code=303)

@@ -148,7 +148,7 @@ def test_the_button_queues_a_sweep_that_a_worker_runs(fleet: Fleet, browser: Bro
         page.fill("#queue-misses input[name=trials]", str(TRIALS))
         with page.expect_navigation(wait_until="networkidle"):
             page.click("#queue-misses button[type=submit]")
-        assert re.search(r"/misses\?queued=\d+$", page.url), page.url
+        assert re.search(rf"/misses\?kernel={REPLAY_KERNEL}&queued=\d+$", page.url), page.url
         notice = page.locator("#queued-notice")
         assert "with 2 jobs" in notice.inner_text()
         links = notice.locator("a[href^='/jobs/']")
@@ -264,6 +264,9 @@ def test_queueing_makes_one_job_per_chosen_key_with_the_servers_trials(client: T
     assert re.fullmatch(r"/misses\?queued=\d+&live=1", second.headers["location"])
     newer = client.get("/v1/sweeps").json()[0]
     assert [(job["shape_key"], job["trials"]) for job in newer["jobs"]] == [("n=2048", 3)]
+    # the page's filters come back with the notice
+    kept = queue(client, [ids[1024]], kernel="add", show="all")
+    assert kept.headers["location"] == "/misses?kernel=add&show=all&live=1"
 
 
 def test_a_key_whose_job_ended_may_be_queued_again_and_a_stale_version_is_not(client: TestClient) -> None:
