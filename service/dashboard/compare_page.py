@@ -23,7 +23,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import Response
 from sqlalchemy import ColumnElement, Select, Subquery, and_, case, func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, aliased
 
 from tiletune.client.wire import MAX_DB_INT
 from tiletune.kernels import all_kernels
@@ -50,11 +50,12 @@ KEY = ("kernel", "kernel_version", "shape_key", "dtype")
 
 
 @dataclass(frozen=True)
-class Side:
-    """One side of a comparison: its label and its times per key (a subquery of KEY + median_ms)."""
+class Comparison:
+    """Two sides' labels and their common keys: a subquery of KEY, ``a_ms`` and ``b_ms`` (> 0)."""
 
-    label: str
-    times: Subquery
+    a_label: str
+    b_label: str
+    pairs: Subquery
 
 
 @dataclass(frozen=True)
@@ -67,50 +68,92 @@ class Summary:
     improved: int
 
 
-def chip_side(session: Session, name: str, field: str) -> Side:
-    """The best configs of chip ``name``; 422 naming ``field`` for an unknown chip."""
+def _chip(session: Session, name: str, field: str) -> ChipRow:
     chip = chip_by_name(session, name)
     if chip is None:
         raise InvalidInputError(f"no chip {name!r} is registered", field=field)
-    times = (
+    return chip
+
+
+def chips_comparison(session: Session, a_name: str, b_name: str, kernel: str | None) -> Comparison:
+    """The best configs of chips ``a_name`` and ``b_name`` joined on the key; 422 naming ``a`` or
+    ``b`` for a chip nobody registered."""
+    a_chip, b_chip = _chip(session, a_name, "a"), _chip(session, b_name, "b")
+    a, b = aliased(BestConfigRow), aliased(BestConfigRow)
+    query = (
         select(
-            BestConfigRow.kernel,
-            BestConfigRow.kernel_version,
-            BestConfigRow.shape_key,
-            BestConfigRow.dtype,
-            BestConfigRow.median_ms,
+            a.kernel,
+            a.kernel_version,
+            a.shape_key,
+            a.dtype,
+            a.median_ms.label("a_ms"),
+            b.median_ms.label("b_ms"),
         )
-        .where(BestConfigRow.chip_id == chip.id)
-        .subquery()
+        .join(
+            b,
+            and_(
+                b.chip_id == b_chip.id,
+                b.kernel == a.kernel,
+                b.kernel_version == a.kernel_version,
+                b.shape_key == a.shape_key,
+                b.dtype == a.dtype,
+            ),
+        )
+        .where(a.chip_id == a_chip.id, a.median_ms > 0)
     )
-    return Side(chip.name, times)
+    if kernel:
+        query = query.where(a.kernel == kernel)
+    return Comparison(a_chip.name, b_chip.name, query.subquery())
 
 
-def software_side(session: Session, chip: ChipRow, software_id: int, field: str) -> Side:
-    """The latest promotion per key under software ``software_id`` of ``chip``; 422 naming ``field``
-    when the id is not one of the chip's fingerprints."""
+def _software_label(session: Session, chip: ChipRow, software_id: int, field: str) -> str:
     software = session.get(SoftwareRow, software_id)
     if software is None or software.chip_id != chip.id:
         raise InvalidInputError(f"chip {chip.name!r} has no software {software_id}", field=field)
+    return f"software {software_id}: {fingerprint_label(software.fingerprint)}"
+
+
+def software_comparison(
+    session: Session, chip: ChipRow, software_a: int, software_b: int, kernel: str | None
+) -> Comparison:
+    """Per key of ``chip``, its latest promotion under each software (the largest promotion id),
+    joined on the key: one grouped pass over the chip's promotions, then two lookups by id.
+    422 naming ``software_a`` or ``software_b`` for an id that is not one of the chip's."""
+    labels = (
+        _software_label(session, chip, software_a, "software_a"),
+        _software_label(session, chip, software_b, "software_b"),
+    )
+    p = PromotionRow
     latest = (
-        select(func.max(PromotionRow.id))
-        .where(PromotionRow.chip_id == chip.id, PromotionRow.software_id == software_id)
-        .group_by(
-            PromotionRow.kernel, PromotionRow.kernel_version, PromotionRow.shape_key, PromotionRow.dtype
-        )
-    )
-    times = (
         select(
-            PromotionRow.kernel,
-            PromotionRow.kernel_version,
-            PromotionRow.shape_key,
-            PromotionRow.dtype,
-            PromotionRow.median_ms,
+            p.kernel,
+            p.kernel_version,
+            p.shape_key,
+            p.dtype,
+            func.max(case((p.software_id == software_a, p.id))).label("a_id"),
+            func.max(case((p.software_id == software_b, p.id))).label("b_id"),
         )
-        .where(PromotionRow.id.in_(latest))
-        .subquery()
+        .where(p.chip_id == chip.id, p.software_id.in_((software_a, software_b)))
+        .group_by(p.kernel, p.kernel_version, p.shape_key, p.dtype)
     )
-    return Side(f"software {software_id}: {fingerprint_label(software.fingerprint)}", times)
+    if kernel:
+        latest = latest.where(p.kernel == kernel)
+    keys = latest.subquery()
+    a, b = aliased(PromotionRow), aliased(PromotionRow)
+    query = (
+        select(
+            keys.c.kernel,
+            keys.c.kernel_version,
+            keys.c.shape_key,
+            keys.c.dtype,
+            a.median_ms.label("a_ms"),
+            b.median_ms.label("b_ms"),
+        )
+        .join(a, a.id == keys.c.a_id)
+        .join(b, b.id == keys.c.b_id)
+        .where(a.median_ms > 0)
+    )
+    return Comparison(*labels, query.subquery())
 
 
 def fingerprint_label(text: str) -> str:
@@ -124,22 +167,11 @@ def fingerprint_label(text: str) -> str:
     return ", ".join(f"{name} {version}" for name, version in sorted(parts.items())) or "unknown"
 
 
-def _joined(a: Side, b: Side, kernel: str | None) -> tuple[Select[Any], ColumnElement[Any]]:
-    """The common keys of both sides with a's and b's times, and the ratio b / a."""
-    ratio = (b.times.c.median_ms / a.times.c.median_ms).label("ratio")
-    query = select(
-        a.times.c.kernel,
-        a.times.c.kernel_version,
-        a.times.c.shape_key,
-        a.times.c.dtype,
-        a.times.c.median_ms.label("a_ms"),
-        b.times.c.median_ms.label("b_ms"),
-        ratio,
-    ).join(b.times, and_(*(a.times.c[name] == b.times.c[name] for name in KEY)))
-    query = query.where(a.times.c.median_ms > 0)
-    if kernel:
-        query = query.where(a.times.c.kernel == kernel)
-    return query, ratio
+def _with_ratio(comparison: Comparison) -> tuple[Select[Any], ColumnElement[Any]]:
+    """The common keys with a's and b's times, and the ratio b / a."""
+    pairs = comparison.pairs
+    ratio = (pairs.c.b_ms / pairs.c.a_ms).label("ratio")
+    return select(*(pairs.c[name] for name in (*KEY, "a_ms", "b_ms")), ratio), ratio
 
 
 def summary(session: Session, joined: Select[Any]) -> Summary:
@@ -165,11 +197,11 @@ SORTS = ("ratio", "a_ms", "b_ms", "kernel")
 
 
 def compare_table(
-    session: Session, a: Side, b: Side, *, kernel: str | None, sort: str | None, page: Paging
+    session: Session, comparison: Comparison, sort: str | None, page: Paging
 ) -> tuple[Table, Summary]:
     """One page of the common keys (regressions first unless ``sort`` says otherwise) and the summary."""
     name, descending = sort_key(sort, SORTS, "-ratio")
-    joined, ratio = _joined(a, b, kernel)
+    joined, ratio = _with_ratio(comparison)
     found = summary(session, joined)
     column = {"ratio": ratio, "a_ms": joined.selected_columns.a_ms, "b_ms": joined.selected_columns.b_ms}.get(
         name, joined.selected_columns.kernel
@@ -182,8 +214,8 @@ def compare_table(
         Column("kernel_version", "Version", "number"),
         Column("shape", "Shape"),
         Column("dtype", "Dtype"),
-        Column("a_ms", f"a: {a.label}", "ms", sortable=True),
-        Column("b_ms", f"b: {b.label}", "ms", sortable=True),
+        Column("a_ms", f"a: {comparison.a_label}", "ms", sortable=True),
+        Column("b_ms", f"b: {comparison.b_label}", "ms", sortable=True),
         Column("ratio", "b / a", "ratio", sortable=True),
     ]
     table_rows = [
@@ -212,7 +244,7 @@ def compare_table(
     return table, found
 
 
-def compare_chart(table: Table, a: Side, b: Side) -> dict[str, Any]:
+def compare_chart(table: Table, comparison: Comparison) -> dict[str, Any]:
     """The page's rows as points (x: a's time, y: b's time, log-log; coloured red where b regressed,
     green where it improved) and the line y = x."""
     xs = [row["a_ms"] for row in table.rows]
@@ -247,8 +279,8 @@ def compare_chart(table: Table, a: Side, b: Side) -> dict[str, Any]:
         },
     ]
     layout = {
-        "xaxis": {"type": "log", "title": {"text": f"a: {a.label} (ms)"}},
-        "yaxis": {"type": "log", "title": {"text": f"b: {b.label} (ms)"}},
+        "xaxis": {"type": "log", "title": {"text": f"a: {comparison.a_label} (ms)"}},
+        "yaxis": {"type": "log", "title": {"text": f"b: {comparison.b_label} (ms)"}},
         "height": 420,
     }
     return figure(data, layout)
@@ -303,23 +335,18 @@ def compare_page(
     if kernel is not None:
         lookup_kernel(kernel)
     services = request.app.state.services
-    sides: tuple[Side, Side] | None = None
+    comparison: Comparison | None = None
     with services.db.read() as session:
         software: list[dict[str, Any]] = []
         if a and b:
-            sides = chip_side(session, a, "a"), chip_side(session, b, "b")
+            comparison = chips_comparison(session, a, b, kernel)
         elif chip:
-            chip_row = chip_by_name(session, chip)
-            if chip_row is None:
-                raise InvalidInputError(f"no chip {chip!r} is registered", field="chip")
+            chip_row = _chip(session, chip, "chip")
             software = software_choices(session, chip_row)
             if software_a is not None and software_b is not None:
-                sides = (
-                    software_side(session, chip_row, software_a, "software_a"),
-                    software_side(session, chip_row, software_b, "software_b"),
-                )
-        if sides is not None:
-            table, found = compare_table(session, *sides, kernel=kernel, sort=sort, page=page)
+                comparison = software_comparison(session, chip_row, software_a, software_b, kernel)
+        if comparison is not None:
+            table, found = compare_table(session, comparison, sort, page)
         else:
             table, found = Table("compare", [], [], empty="choose both sides"), None
         if format != "html":
@@ -328,8 +355,8 @@ def compare_page(
     context = {
         "table": table,
         "summary": found,
-        "sides": sides,
-        "chart": compare_chart(table, *sides) if sides is not None else None,
+        "comparison": comparison,
+        "chart": compare_chart(table, comparison) if comparison is not None else None,
         "chips": chips,
         "kernels": sorted(all_kernels()),
         "software": software,
