@@ -1,8 +1,10 @@
 """The misses page: what a reader and a submitter see, and the button whose sweep a worker runs.
 
 The browser tests use the session's fleet, whose clients missed variants 11–13 of the replay
-kernel (counts 1, 2, 3) with demand tuning off: the page's button is what queues them. They
-queue only those misses and stop the worker they start. The in-process tests check the rules
+kernel (counts 1, 2, 3) with demand tuning off: the page's button is what queues them. The
+fleet's tests queue nothing; the button's test, which has a worker tune what it queued, runs on
+a server of its own set up the same way (:func:`own_fleet`), so the session's fleet holds what
+the other pages' tests expect. The in-process tests check the rules
 of queueing (:func:`tiletune.service.misses.queue_selected` through ``POST /misses/queue``) on
 a store of their own.
 """
@@ -21,15 +23,15 @@ from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, Page
 
 from tests.credentials import ADMIN, ADMIN_SECRET, ADMIN_TOKEN
-from tests.service.processes import stop
+from tests.service.processes import start_server, stop
 from tiletune.service.app import create_app
 from tiletune.service.dashboard.session import COOKIE, csrf_token
 from tiletune.service.migrate import upgrade
 from tiletune.service.models import MissRow
 from tiletune.service.settings import Settings
 
-from .browser import screenshot, watched_page
-from .conftest import MISSED_VARIANTS, REPLAY_CHIP, REPLAY_KERNEL, Fleet
+from .browser import Watched, screenshot, watched_page
+from .conftest import MISSED_VARIANTS, REPLAY_CHIP, REPLAY_KERNEL, SERVER_ENV, Fleet
 
 #: Trials of the jobs the browser test queues (few: a replay worker runs them in seconds).
 TRIALS = 6
@@ -135,7 +137,43 @@ def assert_one_sweep_of(fleet: Fleet, job_ids: list[int], shapes: list[str]) -> 
     assert sorted(job["id"] for job in sweep["jobs"]) == job_ids
 
 
-def test_the_button_queues_a_sweep_that_a_worker_runs(fleet: Fleet, browser: Browser) -> None:
+@pytest.fixture(scope="module")
+def own_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """A server of this module's own, configured as the session's fleet, whose clients missed the
+    same keys (nothing tuned yet, no worker registered): the button's test tunes keys, which the
+    session's fleet must not gain (other pages' tests count what it holds)."""
+    folder = tmp_path_factory.mktemp("misses")
+    server = start_server(folder, env=SERVER_ENV)
+    own = Fleet(server, folder, {"admin": ADMIN_TOKEN})
+    try:
+        with own.http() as http:
+            for role in ("reader", "submitter"):
+                created = http.post("/v1/tokens", json={"role": role, "name": f"misses-{role}"})
+                assert created.status_code in (200, 201), created.text
+                own.tokens[role] = created.json()["token"]
+        with own.http("reader") as http:
+            entries = [
+                {
+                    "kernel": REPLAY_KERNEL,
+                    "shape": {"variant": variant},
+                    "dtype": "float32",
+                    "chip": REPLAY_CHIP,
+                    "match": "nearest",
+                    "count": variant - 10,
+                }
+                for variant in MISSED_VARIANTS
+            ]
+            answer = http.post("/v1/misses", json={"misses": entries})
+            assert answer.status_code == 200, answer.text
+        yield own
+    finally:
+        for worker in own.workers:
+            stop(worker)
+        stop(server.process)
+
+
+def test_the_button_queues_a_sweep_that_a_worker_runs(own_fleet: Fleet, browser: Browser) -> None:
+    fleet = own_fleet
     misses = fleet_misses(fleet)
     chosen = [misses[variant]["shape_key"] for variant in (12, 13)]
     left = misses[11]["shape_key"]
@@ -182,20 +220,25 @@ def test_the_button_queues_a_sweep_that_a_worker_runs(fleet: Fleet, browser: Bro
         finally:
             stop(worker)
 
-        page = watched.goto(f"/misses?kernel={REPLAY_KERNEL}")
-        untuned = miss_rows(page)
-        assert left in untuned
-        for shape in chosen:
-            assert shape not in untuned  # tuned on its chip now: not listed among the untuned
-        page = watched.goto(f"/misses?kernel={REPLAY_KERNEL}&show=all")
-        every = miss_rows(page)
-        for shape in chosen:
-            assert every[shape]["Job state"] == "done"
-            assert every[shape]["Tuned"] != "—"
-            link = page.locator(f"tr[data-miss='{ids[shape]}'] td a", has_text=shape)
-            assert link.count() == 1  # a tuned key links to its shape page
-        assert every[left]["Tuned"] == "—"
+        assert_tuned_now(watched, ids, chosen, left)
         watched.assert_clean()
+
+
+def assert_tuned_now(watched: Watched, ids: dict[str, str], tuned: list[str], untouched: str) -> None:
+    """The ``tuned`` keys left the untuned list and show their job done and their best time."""
+    page = watched.goto(f"/misses?kernel={REPLAY_KERNEL}")
+    untuned = miss_rows(page)
+    assert untouched in untuned
+    for shape in tuned:
+        assert shape not in untuned  # tuned on its chip now: not listed among the untuned
+    page = watched.goto(f"/misses?kernel={REPLAY_KERNEL}&show=all")
+    every = miss_rows(page)
+    for shape in tuned:
+        assert every[shape]["Job state"] == "done"
+        assert every[shape]["Tuned"] != "—"
+        link = page.locator(f"tr[data-miss='{ids[shape]}'] td a", has_text=shape)
+        assert link.count() == 1  # a tuned key links to its shape page
+    assert every[untouched]["Tuned"] == "—"
 
 
 # -- in-process: the rules of queueing ---------------------------------------------------------
