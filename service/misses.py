@@ -293,7 +293,9 @@ def queue_selected(
     ``max_jobs`` jobs, 64 kernels or 64 chips).
     """
     ids = list(dict.fromkeys(miss_ids))
-    rows = {row.id: row for row in session.scalars(select(MissRow).where(MissRow.id.in_(ids)))}
+    # locked in id order (PostgreSQL): a concurrent choice of the same misses waits, then sees the job
+    chosen_rows = select(MissRow).where(MissRow.id.in_(ids)).order_by(MissRow.id).with_for_update()
+    rows = {row.id: row for row in session.scalars(chosen_rows)}
     unknown = [miss_id for miss_id in ids if miss_id not in rows]
     if unknown:
         raise InvalidInputError(f"no miss {unknown[0]}", field="miss")
