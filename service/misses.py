@@ -30,6 +30,10 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
   person to look at and submit again.
 - ``misses(chip, kernel, limit)`` lists the keys of the kernels' current
   versions, highest count first (then the most recently reported).
+- :func:`queue_selected` (a person's choice, the dashboard's misses page) queues
+  one sweep named ``misses`` with one job per chosen key, whatever the policy,
+  skipping keys of an old kernel version and keys with a live job on their chip;
+  each queued job's id is kept on its key (replacing an earlier, finished one).
 
 Concurrency: counts are added by an upsert (``INSERT … ON CONFLICT DO
 UPDATE SET count = count + n``), one key at a time in sorted order, so
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import and_, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
@@ -57,17 +62,21 @@ from tiletune.client.wire import (
     MissPublic,
     MissReport,
     SweepCreate,
+    SweepKernel,
 )
 from tiletune.kernels import KernelSpec, Shape, all_kernels
 from tiletune.service import configs, jobs
 from tiletune.service.configs import JobKey
 from tiletune.service.database import Database, aware
+from tiletune.service.errors import InvalidInputError
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import JobRow, MissRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 
 #: The name of the sweeps demand creates.
 DEMAND_SWEEP = "demand"
+#: The name of the sweeps a person queues from chosen misses (:func:`queue_selected`).
+SELECTED_SWEEP = "misses"
 
 #: The columns that identify a miss (its unique constraint).
 KEY_COLUMNS = ("kernel", "kernel_version", "shape_key", "dtype", "chip_name")
@@ -231,8 +240,11 @@ class Misses:
         return job.id
 
     @staticmethod
-    def _live_job(session: Session, row: MissRow, chip_id: int) -> bool:
+    def _live_job(session: Session, row: MissRow, chip_id: int | None) -> bool:
         """True when a job of ``row``'s key is queued, running or validating on its chip."""
+        on_chip = [JobRow.chip_target == row.chip_name]
+        if chip_id is not None:
+            on_chip.append(JobRow.chip_id == chip_id)
         found = session.scalar(
             select(JobRow.id)
             .where(
@@ -241,11 +253,113 @@ class Misses:
                 JobRow.shape_key == row.shape_key,
                 JobRow.dtype == row.dtype,
                 JobRow.state.in_(LIVE_JOB_STATES),
-                or_(JobRow.chip_id == chip_id, JobRow.chip_target == row.chip_name),
+                or_(*on_chip),
             )
             .limit(1)
         )
         return found is not None
+
+
+@dataclass(frozen=True)
+class SelectedQueued:
+    """What :func:`queue_selected` did: the sweep (``None`` when nothing was left to queue),
+    each queued key's ``(miss id, job id, job state)``, and the misses it left alone."""
+
+    sweep_id: int | None
+    jobs: list[tuple[int, int, str]]
+    live: list[int]
+    stale: list[int]
+
+
+def queue_selected(
+    session: Session,
+    miss_ids: list[int],
+    *,
+    trials: int,
+    now: datetime,
+    owner_token_id: int | None,
+    max_jobs: int,
+    max_shape_bytes: int = jobs.DEFAULT_MAX_SHAPE_BYTES,
+) -> SelectedQueued:
+    """Queue one sweep (``misses``, of token ``owner_token_id``) tuning the misses ``miss_ids``.
+
+    One job per miss (its kernel, shape, dtype and ``chips=[its chip]``, ``trials``, the
+    kernel's :func:`demand_backend`), planned and born by the sweeps' rules (a key already
+    tuned on its chip's newest software is born ``skipped``). Left alone: misses of a kernel
+    version that is no longer the registry's (``stale``: a kernel no longer registered too) and
+    misses whose key has a live job on its chip (``live``). A queued job's id is kept on its
+    miss. Runs in the caller's (write) transaction; an unknown id is an
+    :class:`InvalidInputError` naming ``miss``, and so is a choice one sweep cannot hold (over
+    ``max_jobs`` jobs, 64 kernels or 64 chips).
+    """
+    ids = list(dict.fromkeys(miss_ids))
+    # locked in id order (PostgreSQL): a concurrent choice of the same misses waits, then sees the job
+    chosen_rows = select(MissRow).where(MissRow.id.in_(ids)).order_by(MissRow.id).with_for_update()
+    rows = {row.id: row for row in session.scalars(chosen_rows)}
+    unknown = [miss_id for miss_id in ids if miss_id not in rows]
+    if unknown:
+        raise InvalidInputError(f"no miss {unknown[0]}", field="miss")
+    if len(ids) > max_jobs:
+        raise InvalidInputError(f"{len(ids)} misses make {len(ids)} jobs; at most {max_jobs}", "miss")
+    chosen: list[tuple[MissRow, jobs.PlannedJob]] = []
+    live: list[int] = []
+    stale: list[int] = []
+    for miss_id in ids:
+        row = rows[miss_id]
+        spec = all_kernels().get(row.kernel)
+        if spec is None or row.kernel_version != spec.version:
+            stale.append(miss_id)
+            continue
+        chip = chip_by_name(session, row.chip_name)
+        if Misses._live_job(session, row, chip.id if chip is not None else row.chip_id):
+            live.append(miss_id)
+            continue
+        single = SweepCreate(
+            kernel=row.kernel,
+            shapes=[row.shape],
+            dtypes=[row.dtype],
+            chips=[row.chip_name],
+            trials=trials,
+            backend=demand_backend(spec),
+        )
+        chosen.append((row, jobs.plan_sweep(single, 1, max_shape_bytes)[0]))
+    if not chosen:
+        return SelectedQueued(None, [], live, stale)
+    request = _selected_request([planned for _, planned in chosen], trials)
+    created = jobs.create_sweep(session, request, [planned for _, planned in chosen], now, owner_token_id)
+    queued = []
+    for (row, planned), job in zip(chosen, created.jobs, strict=True):
+        backend = demand_backend(planned.spec)
+        if job.backend != backend:  # a selection of kernels whose demand backends differ
+            session.get_one(JobRow, job.id).backend = backend
+        if job.state == JobState.QUEUED:
+            row.job_id = job.id
+        queued.append((row.id, job.id, str(job.state)))
+    return SelectedQueued(created.id, queued, live, stale)
+
+
+def _selected_request(planned: list[jobs.PlannedJob], trials: int) -> SweepCreate:
+    """The sweep request kept for reference with a sweep of chosen misses: its kernels, shapes,
+    dtypes and chips (the jobs are the chosen keys, not their product) and the common backend."""
+    shapes: dict[str, list[Shape]] = {}
+    for job in planned:
+        found = shapes.setdefault(job.spec.name, [])
+        if job.shape not in found:
+            found.append(job.shape)
+    backends = {demand_backend(job.spec) for job in planned}
+    try:
+        return SweepCreate(
+            name=SELECTED_SWEEP,
+            kernels=[SweepKernel(kernel=name, shapes=listed) for name, listed in shapes.items()],
+            dtypes=list(dict.fromkeys(job.dtype for job in planned)),
+            chips=list(dict.fromkeys(job.chip_target for job in planned)),
+            trials=trials,
+            backend=backends.pop() if len(backends) == 1 else None,
+        )
+    except ValidationError as error:
+        raise InvalidInputError(
+            f"one sweep cannot hold these misses ({error.errors()[0]['msg']}); choose fewer", field="miss"
+        ) from None
 
 
 def _public(row: MissRow) -> MissPublic:

@@ -8,6 +8,8 @@ charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 - ``/kernels/{kernel}`` a kernel's tuned keys (:mod:`.kernel_page`)
 - ``/kernels/{kernel}/shapes/{shape_key}`` one key's best, history and neighbours (:mod:`.shape_page`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
+- ``/misses`` untuned keys clients asked for, and the button queueing them (:mod:`.misses_page`)
+- ``/compare`` two chips, or two software versions of one chip, side by side (:mod:`.compare_page`)
 
 Pages follow the reader rules (:mod:`.session`): open when reads are open, else a token, which
 a browser gives once to the sign-in form. Tables work without JavaScript, every filter is in
@@ -20,7 +22,17 @@ from __future__ import annotations
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from tiletune.service.dashboard import assets, docs, job_page, kernel_page, overview, shape_page, signin
+from tiletune.service.dashboard import (
+    assets,
+    compare_page,
+    docs,
+    job_page,
+    kernel_page,
+    misses_page,
+    overview,
+    shape_page,
+    signin,
+)
 from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
 
 ROUTERS = (
@@ -31,6 +43,8 @@ ROUTERS = (
     job_page.router,
     kernel_page.router,
     shape_page.router,
+    misses_page.router,
+    compare_page.router,
 )
 
 
