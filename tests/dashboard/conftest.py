@@ -9,14 +9,16 @@ button is what queues misses), then fills the store by real tuning:
 - ``softmax`` at two shapes on this machine's CPU, tuned by one CPU worker process;
 - misses reported by a reader's client for variants nobody tuned.
 
-Workers are stopped once the store is filled; a test that needs a running job starts its own
-(:meth:`Fleet.start_replay_worker`). Tokens of each role are made through the API.
+Workers are stopped once the store is filled. A test that tunes more (a live job, the misses
+button) runs on a server of its own (:func:`serving` with ``tuned=False``), so the fleet's store
+stays what every other test expects. Tokens of each role are made through the API.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,12 +95,16 @@ class Fleet:
         raise TimeoutError(f"jobs did not settle within {timeout_s:g} s:\n{self.server.log()}")
 
 
-def _fill(fleet: Fleet) -> None:
+def _make_tokens(fleet: Fleet) -> None:
     with fleet.http() as http:
         for role in ("reader", "submitter", "worker"):
             created = http.post("/v1/tokens", json={"role": role, "name": f"dashboard-{role}"})
             assert created.status_code in (200, 201), created.text
             fleet.tokens[role] = created.json()["token"]
+
+
+def _tune(fleet: Fleet) -> None:
+    with fleet.http() as http:
         sweep = variant_sweep(REPLAY_KERNEL, VARIANTS, trials=TRIALS, chip=REPLAY_CHIP, seed=3)
         assert http.post("/v1/sweeps", json=sweep).status_code == 201
         softmax = {"kernel": "softmax", "shapes": list(SOFTMAX_SHAPES), "dtypes": ["float32"], "trials": 8}
@@ -110,6 +116,9 @@ def _fill(fleet: Fleet) -> None:
     finally:
         for worker in (*replay, cpu):
             stop(worker)
+
+
+def _report_misses(fleet: Fleet) -> None:
     with fleet.http("reader") as http:
         misses = [
             {
@@ -126,19 +135,32 @@ def _fill(fleet: Fleet) -> None:
         assert answer.status_code == 200, answer.text
 
 
-@pytest.fixture(scope="session")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """The filled server (see the module docstring)."""
-    folder = tmp_path_factory.mktemp("dashboard")
+@contextmanager
+def serving(folder: Path, tuned: bool) -> Iterator[Fleet]:
+    """A server configured as the session's fleet, with tokens and misses; tuned as it is if ``tuned``.
+
+    An untuned one (no best config, no worker registered) is for a test that tunes: the session's
+    fleet must not gain keys, since other pages' tests compare what it holds.
+    """
     server = start_server(folder, env=SERVER_ENV)
     fleet = Fleet(server, folder, {"admin": ADMIN_TOKEN})
     try:
-        _fill(fleet)
+        _make_tokens(fleet)
+        if tuned:
+            _tune(fleet)
+        _report_misses(fleet)
         yield fleet
     finally:
         for worker in fleet.workers:
             stop(worker)
         stop(server.process)
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """The filled server (see the module docstring)."""
+    with serving(tmp_path_factory.mktemp("dashboard"), tuned=True) as filled:
+        yield filled
 
 
 @pytest.fixture(scope="session")

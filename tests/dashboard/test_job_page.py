@@ -38,7 +38,7 @@ from tiletune.service.models import ChipRow, JobRow, SweepRow, TrialRow
 from tiletune.service.settings import Settings
 
 from .browser import chart_points, screenshot, watched_page
-from .conftest import REPLAY_CHIP, REPLAY_KERNEL, Fleet
+from .conftest import REPLAY_CHIP, REPLAY_KERNEL, Fleet, serving
 
 START = datetime(2026, 11, 30, 12, 0, 0)
 KNOBS = {"block_x": (16, 32, 64, 128), "block_y": (1, 2, 4, 8), "unroll": (1, 2)}
@@ -419,7 +419,15 @@ def shown_counts(page: Page) -> tuple[int, int]:
     return told, points
 
 
-def test_the_job_page_follows_a_running_job_until_it_is_done(fleet: Fleet, browser: Browser) -> None:
+@pytest.fixture
+def own_fleet(tmp_path: Path) -> Iterator[Fleet]:
+    """A server of the test's own: the job it tunes must not join the session's fleet."""
+    with serving(tmp_path, tuned=False) as own:
+        yield own
+
+
+def test_the_job_page_follows_a_running_job_until_it_is_done(own_fleet: Fleet, browser: Browser) -> None:
+    fleet = own_fleet
     sweep = {
         "kernel": REPLAY_KERNEL,
         "shapes": [{"variant": 20}],

@@ -23,7 +23,7 @@ from fastapi.testclient import TestClient
 from playwright.sync_api import Browser, Page
 
 from tests.credentials import ADMIN, ADMIN_SECRET, ADMIN_TOKEN
-from tests.service.processes import start_server, stop
+from tests.service.processes import stop
 from tiletune.service.app import create_app
 from tiletune.service.dashboard.session import COOKIE, csrf_token
 from tiletune.service.migrate import upgrade
@@ -31,7 +31,7 @@ from tiletune.service.models import MissRow
 from tiletune.service.settings import Settings
 
 from .browser import Watched, screenshot, watched_page
-from .conftest import MISSED_VARIANTS, REPLAY_CHIP, REPLAY_KERNEL, SERVER_ENV, Fleet
+from .conftest import MISSED_VARIANTS, REPLAY_CHIP, REPLAY_KERNEL, Fleet, serving
 
 #: Trials of the jobs the browser test queues (few: a replay worker runs them in seconds).
 TRIALS = 6
@@ -139,37 +139,9 @@ def assert_one_sweep_of(fleet: Fleet, job_ids: list[int], shapes: list[str]) -> 
 
 @pytest.fixture(scope="module")
 def own_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """A server of this module's own, configured as the session's fleet, whose clients missed the
-    same keys (nothing tuned yet, no worker registered): the button's test tunes keys, which the
-    session's fleet must not gain (other pages' tests count what it holds)."""
-    folder = tmp_path_factory.mktemp("misses")
-    server = start_server(folder, env=SERVER_ENV)
-    own = Fleet(server, folder, {"admin": ADMIN_TOKEN})
-    try:
-        with own.http() as http:
-            for role in ("reader", "submitter"):
-                created = http.post("/v1/tokens", json={"role": role, "name": f"misses-{role}"})
-                assert created.status_code in (200, 201), created.text
-                own.tokens[role] = created.json()["token"]
-        with own.http("reader") as http:
-            entries = [
-                {
-                    "kernel": REPLAY_KERNEL,
-                    "shape": {"variant": variant},
-                    "dtype": "float32",
-                    "chip": REPLAY_CHIP,
-                    "match": "nearest",
-                    "count": variant - 10,
-                }
-                for variant in MISSED_VARIANTS
-            ]
-            answer = http.post("/v1/misses", json={"misses": entries})
-            assert answer.status_code == 200, answer.text
+    """A server of this module's own whose clients missed the same keys, nothing tuned yet."""
+    with serving(tmp_path_factory.mktemp("misses"), tuned=False) as own:
         yield own
-    finally:
-        for worker in own.workers:
-            stop(worker)
-        stop(server.process)
 
 
 def test_the_button_queues_a_sweep_that_a_worker_runs(own_fleet: Fleet, browser: Browser) -> None:
