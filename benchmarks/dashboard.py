@@ -177,15 +177,15 @@ def fill(url: str, best_configs: int, trials: int, misses: int, seed: int = 0) -
         for shape in shapes_of(spec, per_kernel_chip, rng):
             for chip_name in chips:
                 keys.append((spec, shape, chip_name))
-    search_trials = trials - VALIDATIONS * len(keys)
-    spread = (search_trials - BIG_JOB_TRIALS) / max(1, len(keys) - 1)
-    big_job = 0
-    for index, (spec, shape, chip_name) in enumerate(keys):
+    others, left = divmod(trials - VALIDATIONS * len(keys) - BIG_JOB_TRIALS, max(1, len(keys) - 1))
+    counts = [BIG_JOB_TRIALS] + [others + (n < left) for n in range(len(keys) - 1)]
+    for index, (spec, shape, chip_name) in enumerate(keys[: len(keys) // 50]):  # jobs in other states
+        state = ("queued", "running", "failed", "cancelled")[index % 4]
+        _job(filler, sweep_id, spec, shape, chips[chip_name][0], 0, state)
+    big_job = filler.ids[JobRow] + 1
+    for (spec, shape, chip_name), count in zip(keys, counts, strict=True):
         chip_id, software = chips[chip_name]
-        count = BIG_JOB_TRIALS if index == 0 else int(spread) + (rng.random() < spread % 1)
-        state = "done" if index % 50 else rng.choice(("queued", "running", "failed", "cancelled"))
-        job_id, best = _job(filler, sweep_id, spec, shape, chip_id, count, state)
-        big_job = big_job or job_id
+        job_id, best = _job(filler, sweep_id, spec, shape, chip_id, count, "done")
         if best is None:
             continue
         config, best_ms, default_ms, trial_id = best
@@ -250,7 +250,7 @@ def fill(url: str, best_configs: int, trials: int, misses: int, seed: int = 0) -
     first_spec, first_shape, first_chip = keys[0]
     return {
         "big_job": big_job,
-        "small_job": 2,
+        "small_job": big_job + 1,
         "kernel": first_spec.name,
         "shape_key": first_spec.canonical_shape(first_shape),
         "chips": (first_chip, CHIPS[1][0]),

@@ -17,7 +17,7 @@ import gc
 import logging
 import math
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -188,13 +188,23 @@ def _reap_forever(services: Services, stop: threading.Event) -> None:
             log.info("returned %d job(s) of expired leases to the queue", reaped)
 
 
-async def _service_error(_request: Request, error: Exception) -> Response:
+def _error(
+    request: Request, body: ErrorBody, status: int, headers: Mapping[str, str] | None = None
+) -> Response:
+    """The error's JSON body; a browser's page request gets it as a dashboard page instead."""
+    page = dashboard.error_page(request, body, status, headers)
+    if page is not None:
+        return page
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+async def _service_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ServiceError)
     body = ErrorBody(code=error.code, message=error.message, field=error.field)
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, UnauthorizedError) else None
     if isinstance(error, RateLimitedError | UnavailableError):
         headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
-    return JSONResponse(body.model_dump(), status_code=error.status, headers=headers)
+    return _error(request, body, error.status, headers)
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:
@@ -215,24 +225,23 @@ async def _database_error(request: Request, error: Exception) -> Response:
     return await _service_error(request, unavailable)
 
 
-async def _validation_error(_request: Request, error: Exception) -> Response:
+async def _validation_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, RequestValidationError)
     first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
     field = field_path(first.get("loc", ()))
     message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-    body = ErrorBody(code="invalid", message=message, field=field)
-    return JSONResponse(body.model_dump(), status_code=422)
+    return _error(request, ErrorBody(code="invalid", message=message, field=field), 422)
 
 
 #: Codes of the errors the framework raises itself (an unknown route, a method it has not).
 HTTP_CODES = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "too_large"}
 
 
-async def _http_error(_request: Request, error: Exception) -> Response:
+async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
     code = HTTP_CODES.get(error.status_code, "http_error")
     body = ErrorBody(code=code, message=str(error.detail))
-    return JSONResponse(body.model_dump(), status_code=error.status_code, headers=error.headers)
+    return _error(request, body, error.status_code, error.headers)
 
 
 def field_path(location: Sequence[int | str]) -> str | None:

@@ -19,9 +19,13 @@ in SQL: none reads a whole table or search.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
+from tiletune.client.wire import ErrorBody
+from tiletune.service.auth import ANONYMOUS
 from tiletune.service.dashboard import (
     assets,
     compare_page,
@@ -33,7 +37,8 @@ from tiletune.service.dashboard import (
     shape_page,
     signin,
 )
-from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, signin_url
+from tiletune.service.dashboard.render import render
+from tiletune.service.dashboard.session import COOKIE, SignInRequiredError, Viewer, signin_url
 
 ROUTERS = (
     assets.router,
@@ -71,3 +76,24 @@ async def _sign_in(request: Request, error: Exception) -> Response:
     if error.stale:
         response.delete_cookie(COOKIE, path="/")
     return response
+
+
+#: Paths that are the API's, never a page: their errors stay JSON whoever asks.
+API_PREFIXES = ("/v1/", "/static/", "/metrics", "/healthz", "/livez", "/openapi.json")
+
+
+def error_page(
+    request: Request, body: ErrorBody, status: int, headers: Mapping[str, str] | None
+) -> Response | None:
+    """An error as a page when a browser asked for a page (it accepts HTML), else ``None``.
+
+    The page holds the same code, message and field as the JSON body the API would answer.
+    """
+    if request.url.path.startswith(API_PREFIXES) or "text/html" not in request.headers.get("accept", ""):
+        return None
+    if request.headers.get("hx-request"):
+        return None  # a live fragment's poll: htmx leaves the page as it is on an error
+    context = {"status": status, "error": body, "hide_viewer": True}  # who asked is not known here
+    page = render(request, Viewer(ANONYMOUS, None, False), "error.html", context, status_code=status)
+    page.headers.update(headers or {})
+    return page

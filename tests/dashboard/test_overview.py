@@ -47,3 +47,23 @@ def test_without_a_token_a_page_sends_the_browser_to_sign_in(fleet: Fleet, brows
         assert "unknown or revoked" in page.locator(".error").inner_text()
         watched.errors.clear()  # the 401 of the refused sign-in is logged by the browser, as it should be
         watched.assert_clean()
+
+
+def test_a_browser_gets_errors_as_pages_and_the_api_keeps_json(fleet: Fleet, browser: Browser) -> None:
+    with watched_page(browser, fleet.url, fleet.tokens["reader"]) as watched:
+        response = watched.page.goto(f"{fleet.url}/jobs/999999")
+        assert response is not None
+        assert response.status == 404
+        assert "no job 999999" in watched.page.locator(".error").inner_text()
+        response = watched.page.goto(f"{fleet.url}/jobs?page=0")
+        assert response is not None
+        assert response.status == 422
+        assert watched.page.locator("code").first.inner_text() == "page"
+        watched.errors.clear()  # the browser logs the two statuses it was sent here on purpose
+        watched.assert_clean()
+    with fleet.http("reader") as http:
+        answer = http.get("/jobs/999999", headers={"Accept": "application/json"})
+        assert answer.status_code == 404
+        assert answer.json()["code"] == "not_found"
+        api = http.get("/v1/jobs/999999", headers={"Accept": "text/html"})
+        assert api.json()["code"] == "not_found"
