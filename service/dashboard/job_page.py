@@ -92,7 +92,10 @@ _HEADER_COLUMNS = (
     JobRow.created_at,
     JobRow.updated_at,
     JobRow.finished_at,
+    JobRow.search_seq,
 )
+#: What moves whenever the live part would show something new (a trial asked or told, a state).
+_VERSION_COLUMNS = (JobRow.search_seq, JobRow.state, JobRow.updated_at)
 _TRIAL_COLUMNS = (
     TrialRow.number,
     TrialRow.phase,
@@ -287,6 +290,7 @@ def job_context(session: Session, job_id: int, all_trials: bool = False) -> dict
     if header is None:
         raise NotFoundError(f"no job {job_id}", field="job_id")
     job = header._asdict()
+    job["version"] = _version(job["search_seq"], job["state"], job["updated_at"])
     rows = session.execute(select(*_TRIAL_COLUMNS).where(TrialRow.job_id == job_id).order_by(TrialRow.id))
     trials = [TrialTuple._make(row) for row in rows]
     told = [t.told_at for t in trials if t.phase == "search" and t.told_at is not None]
@@ -325,13 +329,27 @@ def job_page(
     return render(request, viewer, "job.html", context)
 
 
+def _version(search_seq: int, state: str, updated_at: Any) -> str:
+    """The job's version as the live part polls with it (``seen``)."""
+    return f"{search_seq}.{state}.{aware(updated_at).timestamp():.6f}"
+
+
+SeenQuery = Annotated[str | None, Query(max_length=100, description="the version the page shows")]
+
+
 @router.get("/jobs/{job_id}/live")
-def job_live(request: Request, job_id: IdPath, viewer: ViewerDep) -> Response:
+def job_live(request: Request, job_id: IdPath, viewer: ViewerDep, seen: SeenQuery = None) -> Response:
     """The job page's live part: progress, figure data and tables (polls itself while live).
 
+    The fragment polls with ``seen``, the job's version it shows: while the job has not moved
+    since, the answer is ``204 No Content`` (one row read; htmx swaps nothing and polls on).
     Its links (the tables' downloads) are the job page's, not the fragment's.
     """
     with request.app.state.services.db.read() as session:
+        if seen is not None:
+            current = session.execute(select(*_VERSION_COLUMNS).where(JobRow.id == job_id)).one_or_none()
+            if current is not None and _version(*current) == seen:
+                return Response(status_code=204)
         context = job_context(session, job_id)
     context["url_with"] = lambda **changes: _page_url(f"/jobs/{job_id}", changes)
     return render(request, viewer, "job_live.html", context)

@@ -331,7 +331,14 @@ def test_a_running_jobs_fragment_polls_and_links_to_the_page(tmp_path: Path) -> 
         fragment = client.get(f"/jobs/{job_id}/live")
         assert fragment.status_code == 200
         assert fragment.text.lstrip().startswith('<div id="job-live"') or 'id="job-live"' in fragment.text
-        assert f'hx-get="/jobs/{job_id}/live" hx-trigger="every 2s" hx-swap="outerHTML"' in fragment.text
+        polled = re.search(
+            r'hx-get="(/jobs/\d+/live\?seen=[^"]+)" hx-trigger="every 2s" hx-swap="outerHTML"', fragment.text
+        )
+        assert polled is not None, fragment.text[:300]
+        unchanged = client.get(polled.group(1).replace("&amp;", "&"))
+        assert unchanged.status_code == 204  # nothing moved since: nothing to swap
+        assert unchanged.content == b""
+        assert client.get(f"/jobs/{job_id}/live", params={"seen": "0.running.0"}).status_code == 200
         assert "<html" not in fragment.text
         assert f'href="/jobs/{job_id}?format=csv&amp;table=failures"' in fragment.text
         assert "ETA" in fragment.text
