@@ -31,6 +31,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from tiletune.kernels import KernelSpec, all_kernels
 from tiletune.kernels.peaks import peak_fraction, peak_of
+from tiletune.service.dashboard.overview import median_speedups
 from tiletune.service.dashboard.render import figure, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import (
@@ -293,31 +294,6 @@ def best_table(session: Session, spec: KernelSpec, where: Filters, page: Paging,
     )
 
 
-def _median_speedups(spec: KernelSpec) -> Subquery:
-    """Per chip id: the median of ``default_ms / median_ms`` over the kernel's best configs (a window)."""
-    ranked = (
-        select(
-            BestConfigRow.chip_id,
-            SPEEDUP,
-            func.row_number().over(partition_by=BestConfigRow.chip_id, order_by=SPEEDUP).label("rank"),
-            func.count().over(partition_by=BestConfigRow.chip_id).label("n"),
-        )
-        .where(
-            BestConfigRow.kernel == spec.name,
-            BestConfigRow.default_ms.is_not(None),
-            BestConfigRow.median_ms > 0,
-        )
-        .subquery()
-    )
-    middle = and_(ranked.c.rank * 2 >= ranked.c.n, ranked.c.rank * 2 <= ranked.c.n + 2)
-    return (
-        select(ranked.c.chip_id, func.avg(ranked.c.speedup).label("median"))
-        .where(middle)
-        .group_by(ranked.c.chip_id)
-        .subquery()
-    )
-
-
 def chips_table(session: Session, spec: KernelSpec) -> Table:
     """Per chip: keys tuned, how many are stale, and the median speedup over the default."""
     newest = newest_software()
@@ -329,7 +305,7 @@ def chips_table(session: Session, spec: KernelSpec) -> Table:
         .group_by(BestConfigRow.chip_id)
         .subquery()
     )
-    medians = _median_speedups(spec)
+    medians = median_speedups(spec.name)
     rows = session.execute(
         select(ChipRow.name, counts.c.tuned, counts.c.stale, medians.c.median)
         .join(counts, counts.c.chip_id == ChipRow.id)

@@ -18,7 +18,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sqlalchemy import Subquery, and_, func, select, union
+from sqlalchemy import Subquery, and_, func, select, true, union
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JOB_STATES
@@ -46,8 +46,12 @@ class Cell:
     median_speedup: float | None
 
 
-def _median_speedups() -> Subquery:
-    """Per (kernel, chip id): the median of ``default_ms / median_ms`` over its best configs."""
+def median_speedups(kernel: str | None = None) -> Subquery:
+    """Per (kernel, chip id): the median of ``default_ms / median_ms`` over its best configs.
+
+    Taken in SQL: the cell's rows ranked by speedup in a window, the middle one (or the mean of
+    the middle two) kept. ``kernel`` narrows it to one kernel's cells.
+    """
     speedup = (BestConfigRow.default_ms / BestConfigRow.median_ms).label("speedup")
     cell = (BestConfigRow.kernel, BestConfigRow.chip_id)
     ranked = (
@@ -59,6 +63,7 @@ def _median_speedups() -> Subquery:
             func.count().over(partition_by=cell).label("n"),
         )
         .where(BestConfigRow.default_ms.is_not(None), BestConfigRow.median_ms > 0)
+        .where(BestConfigRow.kernel == kernel if kernel is not None else true())
         .subquery()
     )
     middle = and_(ranked.c.rank * 2 >= ranked.c.n, ranked.c.rank * 2 <= ranked.c.n + 2)
@@ -77,7 +82,7 @@ def coverage(session: Session) -> tuple[list[str], list[str], dict[tuple[str, st
         .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
         .group_by(BestConfigRow.kernel, ChipRow.name)
     )
-    medians = _median_speedups()
+    medians = median_speedups()
     median_rows = session.execute(
         select(medians.c.kernel, ChipRow.name, medians.c.median).join(
             ChipRow, ChipRow.id == medians.c.chip_id
