@@ -222,7 +222,7 @@ def fill(url: str, best_configs: int, trials: int, misses: int, seed: int = 0) -
                 previous_ms=previous,
                 job_id=job_id,
                 trial_id=trial_id,
-                software_id=software_id,
+                software_id=software[0] if step > 1 else software_id,  # earlier bests: older software
                 promoted_at=NOW - timedelta(days=step),
             )
             previous = median
@@ -372,6 +372,7 @@ def pages(about: dict[str, Any]) -> dict[str, str]:
     chip_a, chip_b = about["chips"]
     return {
         "overview": "/",
+        "overview_download": "/?format=csv&table=coverage",
         "jobs": "/jobs",
         "jobs_done_page_20": "/jobs?state=done&page=20",
         "job_5000_trials": f"/jobs/{about['big_job']}",
@@ -381,8 +382,11 @@ def pages(about: dict[str, Any]) -> dict[str, str]:
         "kernel_sorted_page_10": f"/kernels/{kernel}?sort=-speedup&page=10",
         "kernel_filtered": f"/kernels/{kernel}?chip={chip_a}&q=512",
         "shape": f"/kernels/{kernel}/shapes/{shape_key}?dtype=float32",
+        "kernel_500_rows": f"/kernels/{kernel}?per_page=500",
         "compare_chips": f"/compare?a={chip_a}&b={chip_b}",
+        "compare_software": f"/compare?chip={chip_a}&software_a=1&software_b=2",
         "misses": "/misses",
+        "misses_all": "/misses?show=all&page=5",
         "docs": "/docs",
         "metrics": "/metrics",
     }
