@@ -108,11 +108,15 @@ def sign_in(watched: Watched, token: str, next_path: str = "/") -> None:
         page.click("form.signin button[type=submit]")
 
 
-def screenshot(page: Page, name: str) -> Path:
-    """A full-page PNG of ``page`` as ``test-artefacts/dashboard/NAME.png``."""
+def screenshot(page: Page, name: str, full_page: bool = True) -> Path:
+    """A PNG of ``page`` (the whole page, else the window) as ``test-artefacts/dashboard/NAME.png``.
+
+    The README's pictures are window-sized ones of the overview and the job page
+    (``README-overview``, ``README-job``), copied from here to ``examples/screenshots/``.
+    """
     ARTEFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTEFACTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
+    page.screenshot(path=str(path), full_page=full_page)
     return path
 
 

@@ -413,6 +413,7 @@ def test_a_done_jobs_charts_hold_the_trials_of_the_store(fleet: Fleet, browser: 
         assert page.locator("#job-state").inner_text() == "done"
         assert page.locator("#job-live").get_attribute("hx-trigger") is None
         screenshot(page, "job")
+        screenshot(page, "README-job", full_page=False)
         watched.assert_clean()
 
 

@@ -22,6 +22,7 @@ def test_the_overview_shows_coverage_jobs_and_promotions_of_the_store(fleet: Fle
         assert int(done.replace(",", "")) == len(jobs)
         assert page.locator("#table-promotions tbody tr").count() == min(10, len(jobs))
         screenshot(page, "overview")
+        screenshot(page, "README-overview", full_page=False)
         watched.assert_clean()
 
 
