@@ -1,6 +1,6 @@
 """One server for the dashboard's tests, its store filled by real tuning, and one browser.
 
-:func:`fleet` (once per session) starts ``tiletune server`` on SQLite with reads closed (pages
+:func:`fleet` (once for this package's tests) starts ``tiletune server`` on SQLite with reads closed (pages
 need a token: the tests sign in as a person would) and demand tuning off (the misses page's
 button is what queues misses), then fills the store by real tuning:
 
@@ -156,15 +156,19 @@ def serving(folder: Path, tuned: bool) -> Iterator[Fleet]:
         stop(server.process)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """The filled server (see the module docstring)."""
     with serving(tmp_path_factory.mktemp("dashboard"), tuned=True) as filled:
         yield filled
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def browser() -> Iterator[Browser]:
-    """Headless Chromium for the session."""
+    """Headless Chromium for this package's tests.
+
+    Package-scoped, not session-scoped: while Playwright's sync API runs, its event loop is the
+    thread's running loop, and later tests' ``asyncio.run`` would refuse to start.
+    """
     with chromium() as launched:
         yield launched
