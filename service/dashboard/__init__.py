@@ -4,7 +4,8 @@ Pages (Jinja2 templates in ``templates/``; live parts polled as HTML fragments w
 charts by Plotly.js; every asset from our own origin, see :mod:`.assets`):
 
 - ``/`` overview (:mod:`.overview`) · ``/signin``, ``/signout`` (:mod:`.signin`)
-- ``/jobs``, ``/jobs/{id}`` (live while it runs), ``/jobs/{id}/live`` (:mod:`.job_page`, :mod:`.job_charts`)
+- ``/jobs`` (:mod:`.jobs_list`); ``/jobs/{id}`` live while it runs, ``/jobs/{id}/live``
+  (:mod:`.job_page`, :mod:`.job_charts`)
 - ``/kernels/{kernel}`` a kernel's tuned keys (:mod:`.kernel_page`)
 - ``/kernels/{kernel}/shapes/{shape_key}`` one key's best, history and neighbours (:mod:`.shape_page`)
 - ``/docs`` and ``/redoc`` with local assets (:mod:`.docs`)
@@ -31,6 +32,7 @@ from tiletune.service.dashboard import (
     compare_page,
     docs,
     job_page,
+    jobs_list,
     kernel_page,
     misses_page,
     overview,
@@ -45,6 +47,7 @@ ROUTERS = (
     docs.router,
     signin.router,
     overview.router,
+    jobs_list.router,
     job_page.router,
     kernel_page.router,
     shape_page.router,

@@ -1,7 +1,5 @@
-"""``/jobs`` (the jobs list) and ``/jobs/{id}`` (one job, live while it runs).
+"""``/jobs/{id}``: one job, live while it runs (the jobs list is :mod:`.jobs_list`).
 
-- ``/jobs``: newest first, filtered by ``state``, ``kernel``, ``chip`` and ``sweep`` (in the URL),
-  one page at a time (LIMIT/OFFSET and COUNT in SQL); ``format=csv|json`` downloads the page.
 - ``/jobs/{id}``: the job's header (kernel, shape, dtype, chip, backend, strategy, sweep),
   its progress (trials told / budget, an ETA while it runs), four charts of its measured
   search trials (:mod:`.job_charts`), its invalid and failed trials with their reasons, the
@@ -24,12 +22,12 @@ from collections.abc import Sequence
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import JOB_STATES, LIVE_JOB_STATES, MAX_DB_INT
+from tiletune.client.wire import LIVE_JOB_STATES
 from tiletune.service.dashboard.job_charts import (
     CHART_IDS,
     TrialTuple,
@@ -37,12 +35,13 @@ from tiletune.service.dashboard.job_charts import (
     format_duration,
     job_figures,
 )
+from tiletune.service.dashboard.jobs_list import job_chip, speedup
 from tiletune.service.dashboard.render import render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
-from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, pick
+from tiletune.service.dashboard.tables import Column, Format, Table, download, pick
 from tiletune.service.database import aware
 from tiletune.service.dependencies import IdPath
-from tiletune.service.errors import InvalidInputError, NotFoundError
+from tiletune.service.errors import NotFoundError
 from tiletune.service.models import ChipRow, JobRow, TrialRow
 
 router = APIRouter(include_in_schema=False)
@@ -53,22 +52,6 @@ TOP = 10
 LIVE_STATES = frozenset(state.value for state in LIVE_JOB_STATES)
 Filter = Annotated[str | None, Query(max_length=200)]
 
-_chip = func.coalesce(ChipRow.name, JobRow.chip_target).label("chip")
-_LIST_COLUMNS = (
-    JobRow.id,
-    JobRow.kernel,
-    JobRow.shape_key,
-    JobRow.dtype,
-    _chip,
-    JobRow.state,
-    JobRow.completed,
-    JobRow.invalid,
-    JobRow.failed,
-    JobRow.trials,
-    JobRow.best_ms,
-    JobRow.default_ms,
-    JobRow.updated_at,
-)
 _HEADER_COLUMNS = (
     JobRow.id,
     JobRow.sweep_id,
@@ -76,7 +59,7 @@ _HEADER_COLUMNS = (
     JobRow.kernel_version,
     JobRow.shape_key,
     JobRow.dtype,
-    _chip,
+    job_chip,
     JobRow.backend,
     JobRow.strategy,
     JobRow.state,
@@ -108,108 +91,6 @@ _TRIAL_COLUMNS = (
     TrialRow.reason,
     TrialRow.told_at,
 )
-
-
-def _speedup(default_ms: float | None, best_ms: float | None) -> float | None:
-    return default_ms / best_ms if default_ms and best_ms else None
-
-
-@dataclasses.dataclass(frozen=True)
-class JobFilters:
-    """The jobs list's filters (``None``: any)."""
-
-    state: str | None = None
-    kernel: str | None = None
-    chip: str | None = None
-    sweep: int | None = None
-
-
-def jobs_table(session: Session, page: Paging, filters: JobFilters) -> Table:
-    """One page of the jobs, newest first, with the filters applied in SQL; a bad ``state`` is a 422."""
-    state, kernel, chip, sweep = filters.state, filters.kernel, filters.chip, filters.sweep
-    if state is not None and state not in JOB_STATES:
-        raise InvalidInputError(f"state must be one of {list(JOB_STATES)}, got {state!r}", field="state")
-    conditions = []
-    if state is not None:
-        conditions.append(JobRow.state == state)
-    if kernel is not None:
-        conditions.append(JobRow.kernel == kernel)
-    if chip is not None:
-        conditions.append(_chip == chip)
-    if sweep is not None:
-        conditions.append(JobRow.sweep_id == sweep)
-    base = select(*_LIST_COLUMNS).outerjoin(ChipRow, ChipRow.id == JobRow.chip_id).where(*conditions)
-    total = session.execute(select(func.count()).select_from(base.subquery())).scalar_one()
-    rows = session.execute(base.order_by(JobRow.id.desc()).limit(page.per_page).offset(page.offset)).all()
-    columns = [
-        Column("id", "Job", "number"),
-        Column("kernel", "Kernel"),
-        Column("shape", "Shape"),
-        Column("dtype", "Dtype"),
-        Column("chip", "Chip"),
-        Column("state", "State"),
-        Column("trials", "Trials told / budget"),
-        Column("best_ms", "Best", "ms"),
-        Column("speedup", "vs default", "speedup"),
-        Column("updated_at", "Updated", "when"),
-    ]
-    table_rows = [
-        {
-            "id": Link(str(id_), f"/jobs/{id_}"),
-            "kernel": Link(kernel_, f"/kernels/{kernel_}"),
-            "shape": Link(shape_key, shape_url(kernel_, shape_key, dtype)),
-            "dtype": dtype,
-            "chip": chip_,
-            "state": state_,
-            "trials": f"{completed + invalid + failed}/{budget}",
-            "best_ms": best,
-            "speedup": _speedup(default, best),
-            "updated_at": aware(updated),
-        }
-        for (
-            id_,
-            kernel_,
-            shape_key,
-            dtype,
-            chip_,
-            state_,
-            completed,
-            invalid,
-            failed,
-            budget,
-            best,
-            default,
-            updated,
-        ) in rows
-    ]
-    return Table("jobs", columns, table_rows, total=total, paging=page, empty="no job matches these filters")
-
-
-def _blank(value: str | None) -> str | None:
-    return value if value else None
-
-
-@router.get("/jobs")
-def jobs_list(
-    request: Request,
-    viewer: ViewerDep,
-    *,
-    page: Annotated[Paging, Depends(paging)],
-    state: Filter = None,
-    kernel: Filter = None,
-    chip: Filter = None,
-    sweep: Annotated[int | None, Query(ge=1, le=MAX_DB_INT)] = None,
-    format: Format = "html",
-    table: str | None = None,
-) -> Response:
-    """The jobs list (see the module docstring)."""
-    filters = JobFilters(_blank(state), _blank(kernel), _blank(chip), sweep)
-    with request.app.state.services.db.read() as session:
-        jobs = jobs_table(session, page, filters)
-    if format != "html":
-        return download(pick([jobs], table), format)
-    context = {"jobs": jobs, "states": JOB_STATES, **dataclasses.asdict(filters)}
-    return render(request, viewer, "jobs.html", context)
 
 
 def _row(trial: TrialTuple) -> dict[str, Any]:
@@ -248,7 +129,7 @@ def _trial_tables(
         t for t in trials if t.phase == "search" and t.state == "measured" and t.median_ms is not None
     ]
     top = [
-        {**_row(t), "speedup": _speedup(default_ms, t.median_ms)}
+        {**_row(t), "speedup": speedup(default_ms, t.median_ms)}
         for t in sorted(measured, key=lambda t: t.median_ms or 0.0)[:TOP]
     ]
     pick_columns = {column.key: column for column in trial_columns}
@@ -305,7 +186,7 @@ def job_context(session: Session, job_id: int, all_trials: bool = False) -> dict
         "percent": min(100.0, 100.0 * done / job["trials"]) if job["trials"] else 100.0,
         "eta": format_duration(eta_seconds(told, done, job["trials"])) if job["state"] == "running" else None,
         "live": live,
-        "speedup": _speedup(job["default_ms"], job["best_ms"]),
+        "speedup": speedup(job["default_ms"], job["best_ms"]),
         "charts": CHART_IDS,
         "figures": figures.figures,
         "heatmap_knobs": figures.heatmap_knobs,
