@@ -64,13 +64,17 @@ class AsyncConfigClient:
         Never raises, whatever it is given (as the sync client's ``get``); a known key costs
         one dict lookup.
         """
-        try:
-            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
-            if found is not None:
-                next(self._served[found.match])  # counted for the stats reports: one C call
-                return found
-            return await self._decide(kernel, shape, dtype)
+        try:  # a subscript, not .get(): no call on the hit path but the count's
+            found = self.core.memo[(kernel, dtype, tuple(shape.items()))]
+            next(self._served[found.match])  # counted for the stats reports: one C call
+            return found
+        except KeyError:  # not answered yet
+            pass
         except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+        try:
+            return await self._decide(kernel, shape, dtype)
+        except Exception as error:
             return self.core.bad_input(kernel, shape, dtype, error)
 
     async def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:

@@ -77,13 +77,17 @@ class ConfigClient:
         default (the settings' default rule, else ``{}``), logged once per kind of problem.
         A known key costs one dict lookup.
         """
-        try:
-            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
-            if found is not None:
-                next(self._served[found.match])  # counted for the stats reports: one C call
-                return found
-            return self._decide(kernel, shape, dtype)
+        try:  # a subscript, not .get(): no call on the hit path but the count's
+            found = self.core.memo[(kernel, dtype, tuple(shape.items()))]
+            next(self._served[found.match])  # counted for the stats reports: one C call
+            return found
+        except KeyError:  # not answered yet
+            pass
         except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+        try:
+            return self._decide(kernel, shape, dtype)
+        except Exception as error:
             return self.core.bad_input(kernel, shape, dtype, error)
 
     def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
