@@ -62,7 +62,7 @@ class AsyncConfigClient:
         """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip.
 
         Never raises, whatever it is given (as the sync client's ``get``); a known key costs
-        one dict lookup.
+        one dict lookup and one count.
         """
         try:  # a subscript, not .get(): no call on the hit path but the count's
             found = self.core.memo[(kernel, dtype, tuple(shape.items()))]

@@ -8,6 +8,8 @@ The route's own contract (auth, bad bodies, the rate limit) is checked in proces
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -236,6 +238,27 @@ def test_an_older_server_without_the_route_is_told_no_stats_again_and_still_gets
     assert caplog.text.count("takes no client stats") == 1
     misses = {m["shape_key"] for m in httpx.get(f"{server.url}/v1/misses").json()}
     assert misses == {"n=5000", "n=6000"}
+
+
+def test_launches_from_many_threads_are_all_counted(tmp_path: Path) -> None:
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a lost count would show
+    try:
+        with ConfigClient(None, CHIP, settings=settings(tmp_path)) as client:
+            assert client.get("add", {"n": 5000}).match == "default"
+
+            def launch() -> None:
+                for _ in range(20_000):
+                    client.get("add", {"n": 5000})
+
+            threads = [threading.Thread(target=launch) for _ in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+            assert client.core.answers.counted() == served(default=1 + 4 * 20_000)
+    finally:
+        sys.setswitchinterval(switch)
 
 
 # -- the async client --------------------------------------------------------------------------------
