@@ -43,6 +43,7 @@ class AsyncConfigClient:
     ) -> None:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
+        self._memo = self.core.memo  # the launch path's, bound once (the core never rebinds it)
         self._served = self.core.answers.counters
         self._api = (
             AsyncServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
@@ -65,7 +66,7 @@ class AsyncConfigClient:
         one dict lookup and one count.
         """
         try:  # a subscript, not .get(): no call on the hit path but the count's
-            found = self.core.memo[(kernel, dtype, tuple(shape.items()))]
+            found = self._memo[(kernel, dtype, tuple(shape.items()))]
             next(self._served[found.match])  # counted for the stats reports: one C call
             return found
         except KeyError:  # not answered yet

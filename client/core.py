@@ -143,6 +143,7 @@ class ClientCore:
         self.known = KnownConfigs(self.chip, on_refused=self._refused_entry)
         self.disk = DiskCache(settings.cache_dir, self.chip) if settings.cache_dir is not None else None
         self.software = software_fingerprint()
+        #: The answers remembered; never rebound (the clients' launch paths hold it).
         self.memo: dict[MemoKey, Tiling] = {}
         self.provisional: dict[MemoKey, float] = {}
         self.prefetched = False
