@@ -1,8 +1,8 @@
 """``AsyncConfigClient``: :class:`~tiletune.client.sync.ConfigClient` for asyncio code, same method names.
 
 ``await client.get(...)`` answers from memory without touching the event
-loop's I/O once a key is known; misses are reported by a background task of
-the running loop; ``await client.close()`` reports the last ones. The rules
+loop's I/O once a key is known; misses and the answers served without the server are
+reported by a background task of the running loop; ``await client.close()`` reports the last ones. The rules
 are the sync client's (:mod:`tiletune.client.core`).
 """
 
@@ -17,6 +17,7 @@ from types import TracebackType
 
 import httpx
 
+from tiletune.client.answers import stats_call
 from tiletune.client.api import AsyncServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
@@ -42,6 +43,8 @@ class AsyncConfigClient:
     ) -> None:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
+        self._memo = self.core.memo  # the launch path's, bound once (the core never rebinds it)
+        self._served = self.core.answers.counters
         self._api = (
             AsyncServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
             if url
@@ -60,14 +63,19 @@ class AsyncConfigClient:
         """The config for ``kernel`` at ``shape`` and ``dtype`` on this chip.
 
         Never raises, whatever it is given (as the sync client's ``get``); a known key costs
-        one dict lookup.
+        one dict lookup and one count.
         """
-        try:
-            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
-            if found is not None:
-                return found
-            return await self._decide(kernel, shape, dtype)
+        try:  # a subscript, not .get(): no call on the hit path but the count's
+            found = self._memo[(kernel, dtype, tuple(shape.items()))]
+            next(self._served[found.match])  # counted for the stats reports: one C call
+            return found
+        except KeyError:  # not answered yet
+            pass
         except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+        try:
+            return await self._decide(kernel, shape, dtype)
+        except Exception as error:
             return self.core.bad_input(kernel, shape, dtype, error)
 
     async def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
@@ -87,6 +95,7 @@ class AsyncConfigClient:
             )
             tiling, final = core.default(kernel, shape, dtype), False
         core.misses.note(tiling.match, kernel, shape, dtype)
+        core.served(tiling)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -170,6 +179,19 @@ class AsyncConfigClient:
             return True
         return False
 
+    async def flush_stats(self) -> bool:
+        """Report the answers served without the server since the last report, in one request
+        (none when there are none, or reporting is off); ``False`` when that failed. Never raises."""
+        stats = self.core.answers.take() if self._api is not None else None
+        if stats is None or self._api is None:
+            return True
+        try:
+            await self._api.send(stats_call(stats))
+        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+            self.core.answers.failed(stats, error)
+            return False
+        return True
+
     def _start_reporter(self) -> None:
         if self._reporting or self._api is None or self._closed:
             return
@@ -186,7 +208,7 @@ class AsyncConfigClient:
             )
 
     async def _every(self, period_s: float, refresh: bool = False) -> None:
-        """Every ``period_s``: refresh every scope prefetched, or report the misses. Survives any
+        """Every ``period_s``: refresh every scope prefetched, or report the misses and answers. Survives any
         exception (logged once per kind); ends when cancelled."""
         while True:
             await asyncio.sleep(period_s)
@@ -197,18 +219,20 @@ class AsyncConfigClient:
                 else:
                     self.core.expire()
                     await self.flush_misses()
+                    await self.flush_stats()
             except Exception as error:
                 name = "refresher" if refresh else "reporter"
                 self.core.warn_once((name, kind_of(error)), "tiletune client: %s: %s", name, error)
 
     async def close(self) -> None:
-        """Stop the background tasks, report the last misses, close the connection."""
+        """Stop the background tasks, report the last misses and answers, close the connection."""
         self._closed = True
         for task in self._tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await self.flush_misses()
+        await self.flush_stats()
         if self._api is not None:
             await self._api.close()
 

@@ -31,6 +31,8 @@ from pydantic import BaseModel, TypeAdapter
 from tiletune.client.wire import (
     LEASE_TOKEN_HEADER,
     AskPublic,
+    ClientStatsCreate,
+    ClientStatsPublic,
     CompleteCreate,
     ConfigBundle,
     ErrorBody,
@@ -269,6 +271,11 @@ def configs_since(
 def report_misses(misses: MissesCreate, timeout_s: float | None = None) -> Call[MissesPublic]:
     """``POST /v1/misses``."""
     return Call("POST", "/v1/misses", document(MissesPublic), body=misses, timeout_s=timeout_s)
+
+
+def report_client_stats(stats: ClientStatsCreate, timeout_s: float | None = None) -> Call[ClientStatsPublic]:
+    """``POST /v1/client-stats``: the answers a client served itself since its last report."""
+    return Call("POST", "/v1/client-stats", document(ClientStatsPublic), body=stats, timeout_s=timeout_s)
 
 
 def register(worker: WorkerCreate) -> Call[WorkerPublic]:

@@ -18,6 +18,10 @@ No network I/O here (the clients do it); the rules:
 - Nearest and default answers are counted as misses, reported later in
   batches by the client, off the launch path. A key the server refused in a
   report (422 naming it) is dropped from the batch and never counted again.
+- Every answer a launch gets without a server lookup (from memory, the disk cache, the
+  default; a bad key's default too) is counted by match (:mod:`tiletune.client.answers`:
+  one C call on the launch path) and reported with the misses, off the launch path
+  (``POST /v1/client-stats``; never again to a server without that route).
 - The server is backed off after a failure (no answer, 5xx, an answer that is not the
   API's: an HTML page, another schema, a body that does not decode): ``backoff_s``,
   doubling up to ``max_backoff_s``; one success resets it.
@@ -54,6 +58,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tiletune.client import calls
+from tiletune.client.answers import AnswerTally
 from tiletune.client.calls import ApiError, BundleAnswer, Call, ServerRefusedError
 from tiletune.client.chip import detect_chip, software_fingerprint
 from tiletune.client.disk import DiskCache, default_cache_dir
@@ -138,6 +143,7 @@ class ClientCore:
         self.known = KnownConfigs(self.chip, on_refused=self._refused_entry)
         self.disk = DiskCache(settings.cache_dir, self.chip) if settings.cache_dir is not None else None
         self.software = software_fingerprint()
+        #: The answers remembered; never rebound (the clients' launch paths hold it).
         self.memo: dict[MemoKey, Tiling] = {}
         self.provisional: dict[MemoKey, float] = {}
         self.prefetched = False
@@ -147,6 +153,7 @@ class ClientCore:
         self._backoff_s = settings.backoff_s
         self._warned: set[object] = set()
         self.misses = MissLedger(self.chip, self.warn_once)
+        self.answers = AnswerTally(self.chip, self.warn_once)
         #: The ETag of the bundle last taken, per scope (``kernel`` of the export; ``None``: all).
         self.etags: dict[str | None, str] = {}
         #: The scopes prefetched so far, in order (what a refresh fetches again).
@@ -202,6 +209,11 @@ class ClientCore:
         """Drop remembered answers (new entries arrived)."""
         self.memo.clear()
         self.provisional.clear()
+
+    def served(self, tiling: Tiling) -> None:
+        """Count an answer just decided, unless a server lookup gave it (the server counts those)."""
+        if tiling.source != "server":
+            next(self.answers.counters[tiling.match])
 
     # -- server health -------------------------------------------------------------------------
 
@@ -332,6 +344,7 @@ class ClientCore:
         """The answer to a launch key the client cannot take (see the module docstring): the
         default, logged once per kind of problem (``cause``, or what raised reading the key).
         Never raises."""
+        next(self.answers.counters["default"])
         try:
             problem = cause if isinstance(cause, str) else key_problem(kernel, shape, dtype) or kind_of(cause)
             self.warn_once(

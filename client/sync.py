@@ -7,8 +7,9 @@
     cfg = tiling.get("fused_attention", shape, "float16")  # cfg.config, cfg.match, cfg.best
 
 ``get`` never raises and is a dict lookup once a key has been answered
-(:mod:`tiletune.client.core` has the rules). Misses are reported by a
-background thread; ``close()`` (or a ``with`` block) reports the last ones.
+(:mod:`tiletune.client.core` has the rules). Misses, and the answers served
+without the server, are reported by a background thread; ``close()`` (or a ``with`` block)
+reports the last ones.
 Every request goes through :class:`~tiletune.client.api.ServiceApi`.
 """
 
@@ -22,6 +23,7 @@ from types import TracebackType
 
 import httpx
 
+from tiletune.client.answers import stats_call
 from tiletune.client.api import ServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
@@ -50,6 +52,8 @@ class ConfigClient:
     ) -> None:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
+        self._memo = self.core.memo  # the launch path's, bound once (the core never rebinds it)
+        self._served = self.core.answers.counters
         self._api = (
             ServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
             if url
@@ -72,14 +76,19 @@ class ConfigClient:
         Never raises, whatever it is given: a key the client cannot take (``None``, a
         list, unhashable or non-int dims, an unknown kernel, ...) is answered with the
         default (the settings' default rule, else ``{}``), logged once per kind of problem.
-        A known key costs one dict lookup.
+        A known key costs one dict lookup and one count (of the answers served, for the stats reports).
         """
-        try:
-            found = self.core.memo.get((kernel, dtype, tuple(shape.items())))
-            if found is not None:
-                return found
-            return self._decide(kernel, shape, dtype)
+        try:  # a subscript, not .get(): no call on the hit path but the count's
+            found = self._memo[(kernel, dtype, tuple(shape.items()))]
+            next(self._served[found.match])  # counted for the stats reports: one C call
+            return found
+        except KeyError:  # not answered yet
+            pass
         except Exception as error:  # an unhashable or unreadable key: the launch goes on
+            return self.core.bad_input(kernel, shape, dtype, error)
+        try:
+            return self._decide(kernel, shape, dtype)
+        except Exception as error:
             return self.core.bad_input(kernel, shape, dtype, error)
 
     def _decide(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling:
@@ -99,6 +108,7 @@ class ConfigClient:
             )
             tiling, final = core.default(kernel, shape, dtype), False
         core.misses.note(tiling.match, kernel, shape, dtype)
+        core.served(tiling)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -189,17 +199,32 @@ class ConfigClient:
             return True
         return False
 
+    def flush_stats(self) -> bool:
+        """Report the answers served without the server since the last report, in one request
+        (none when there are none, or reporting is off); ``False`` when that failed (see
+        :meth:`AnswerTally.failed <tiletune.client.answers.AnswerTally.failed>`). Never raises."""
+        stats = self.core.answers.take() if self._api is not None else None
+        if stats is None or self._api is None:
+            return True
+        try:
+            self._api.send(stats_call(stats))
+        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+            self.core.answers.failed(stats, error)
+            return False
+        return True
+
     def _start_reporter(self) -> None:
         if self._reporter is None and self._api is not None and not self._stop.is_set():
             self._reporter = self._thread(self._report_loop, "tiletune-misses")
 
     def _report_loop(self) -> None:
-        """Every ``miss_flush_s``: drop the due provisional answers, report the misses. Survives
-        any exception (logged once per kind)."""
+        """Every ``miss_flush_s``: drop the due provisional answers, report the misses and the
+        answers served. Survives any exception (logged once per kind)."""
         while not self._stop.wait(self.core.settings.miss_flush_s):
             try:
                 self.core.expire()
                 self.flush_misses()
+                self.flush_stats()
             except Exception as error:
                 self.core.warn_once(("reporter", kind_of(error)), "tiletune client: miss reporter: %s", error)
 
@@ -229,12 +254,13 @@ class ConfigClient:
         return thread
 
     def close(self) -> None:
-        """Stop the background threads, report the last misses, close the connection."""
+        """Stop the background threads, report the last misses and answers, close the connection."""
         self._stop.set()
         for thread in (self._reporter, self._refresher):
             if thread is not None:
                 thread.join(timeout=10)
         self.flush_misses()
+        self.flush_stats()
         if self._api is not None:
             self._api.close()
 

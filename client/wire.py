@@ -642,6 +642,41 @@ class MissesPublic(_Response):
     queued_jobs: list[int]
 
 
+# -- client stats: how clients answered their launches without asking the server ----------------
+
+#: The most answers of one kind a client reports at once (more wait for its next report).
+MAX_REPORTED_ANSWERS = 1_000_000_000
+
+#: A count of answers in a report.
+AnswerCount = Annotated[int, Strict(), Field(ge=0, le=MAX_REPORTED_ANSWERS)]
+
+
+class AnswerCounts(_Request):
+    """Answers by match (:data:`Match`): ``exact``, ``nearest``, ``default``; no other key."""
+
+    exact: AnswerCount = 0
+    nearest: AnswerCount = 0
+    default: AnswerCount = 0
+
+
+class ClientStatsCreate(_Request):
+    """What a client served itself since its last report: the answers its launches got from its
+    own caches and defaults (not from a server lookup, which the server counts), by match.
+
+    ``chip`` is the chip the client serves; the server counts the answers, never the chip, in
+    its metrics (no name a caller chose reaches a label).
+    """
+
+    chip: Name
+    answers: AnswerCounts
+
+
+class ClientStatsPublic(_Response):
+    """How many answers the server counted (the sum of the report's counts)."""
+
+    accepted: int
+
+
 # -- tokens ----------------------------------------------------------------------------------------
 
 

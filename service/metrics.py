@@ -14,6 +14,10 @@ in tests, never share counts). What it exposes, per replica:
   ``tiletune_job_queue_wait_seconds`` (histogram): submission to a job's first lease;
 - ``tiletune_lookups_total`` (counter): single-key lookups by answer (``exact``, ``nearest``,
   ``default``, ``none``: not found);
+- ``tiletune_client_answers_total`` (counter): the answers clients served themselves (their
+  in-process caches and defaults, no server lookup), by answer (``exact``, ``nearest``,
+  ``default``), as clients report them (``POST /v1/client-stats``); with the lookups, every
+  launch of the clients that report;
 - read from the store at each scrape: ``tiletune_jobs`` (gauge, by state),
   ``tiletune_workers_online`` (seen within the lease time), ``tiletune_best_configs``.
 
@@ -24,7 +28,7 @@ other labels closed vocabularies.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -39,6 +43,9 @@ from tiletune.service.models import WorkerRow
 
 #: The answers a lookup is counted under.
 LOOKUP_ANSWERS = ("exact", "nearest", "default", "none")
+
+#: The answers a client's report counts.
+CLIENT_ANSWERS = ("exact", "nearest", "default")
 
 #: Job run times and queue waits span seconds to days.
 JOB_SECONDS_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
@@ -83,11 +90,30 @@ class ServiceMetrics:
         )
         #: One child per answer, bound once: a lookup is counted without a label lookup.
         self._lookups_by_answer = {answer: self.lookups.labels(answer) for answer in LOOKUP_ANSWERS}
+        self.client_answers = Counter(
+            "tiletune_client_answers",
+            "Answers clients served from their own caches and defaults, by answer, as they report them",
+            ["answer"],
+            registry=self.registry,
+        )
+        for answer in CLIENT_ANSWERS:  # every answer shows from the start, at 0
+            self.client_answers.labels(answer)
         self.registry.register(_StoreCollector(db, online_s))
 
     def lookup(self, answer: str) -> None:
         """Count one lookup answered ``exact``, ``nearest``, ``default`` or ``none``."""
         self._lookups_by_answer.get(answer, self._lookups_by_answer["none"]).inc()
+
+    def clients_answered(self, counts: Mapping[str, int]) -> int:
+        """Count a client's report: ``counts`` by answer (``exact``, ``nearest``, ``default``; any
+        other key is not counted); the answers counted."""
+        counted = 0
+        for answer in CLIENT_ANSWERS:
+            count = counts.get(answer, 0)
+            if count > 0:
+                self.client_answers.labels(answer).inc(count)
+                counted += count
+        return counted
 
     def job_done(self, created_at: datetime, finished_at: datetime) -> None:
         """Observe a validated job's run time."""

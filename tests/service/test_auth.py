@@ -53,6 +53,7 @@ POLICY: dict[tuple[str, str], Role | None] = {
     ("GET", "/v1/history/{kernel}"): Role.READER,
     ("POST", "/v1/misses"): Role.READER,
     ("GET", "/v1/misses"): Role.READER,
+    ("POST", "/v1/client-stats"): Role.READER,
     ("POST", "/v1/tokens"): Role.ADMIN,
     ("GET", "/v1/tokens"): Role.ADMIN,
     ("POST", "/v1/tokens/{token_id}/revoke"): Role.ADMIN,
@@ -118,6 +119,7 @@ def request_of(world: World, method: str, path: str) -> tuple[str, dict[str, Any
         "/v1/leases": {"worker_id": world.worker_id},
         "/v1/tokens": {"role": "admin", "name": "intruder"},
         "/v1/misses": {"misses": [{**MISS, "count": 100}]},
+        "/v1/client-stats": {"chip": CHIP["name"], "answers": {"exact": 100}},
         "/v1/configs/import": {"configs": []},
     }
     kwargs: dict[str, Any] = {}
