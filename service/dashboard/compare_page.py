@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, aliased
 
 from tiletune.client.wire import MAX_DB_INT
 from tiletune.kernels import all_kernels
-from tiletune.service.dashboard.render import figure, format_ms, render, shape_url
+from tiletune.service.dashboard.render import LOG_AXIS, figure, format_ms, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, sort_key
 from tiletune.service.database import aware
@@ -279,8 +279,8 @@ def compare_chart(table: Table, comparison: Comparison) -> dict[str, Any]:
         },
     ]
     layout = {
-        "xaxis": {"type": "log", "title": {"text": f"a: {comparison.a_label} (ms)"}},
-        "yaxis": {"type": "log", "title": {"text": f"b: {comparison.b_label} (ms)"}},
+        "xaxis": {**LOG_AXIS, "title": {"text": f"a: {comparison.a_label} (ms)"}},
+        "yaxis": {**LOG_AXIS, "title": {"text": f"b: {comparison.b_label} (ms)"}},
         "height": 420,
     }
     return figure(data, layout)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from tiletune.service.dashboard.render import figure
+from tiletune.service.dashboard.render import LOG_AXIS, figure
 
 #: The charts' element ids (tests read their points by these ids).
 CHART_IDS = ("chart-best", "chart-trials", "chart-heatmap", "chart-knobs")
@@ -174,7 +174,7 @@ def _trials_figure(numbers: list[int], times: list[float], default_ms: float | N
     trace["marker"] = {"size": 5, "opacity": 0.7}
     layout = {
         "xaxis": {"title": {"text": "trial number"}},
-        "yaxis": {"title": {"text": "median (ms)"}, "type": "log"},
+        "yaxis": {**LOG_AXIS, "title": {"text": "median (ms)"}},
     }
     return figure([trace, *_default_trace(default_ms, numbers)], layout)
 

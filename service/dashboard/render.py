@@ -135,6 +135,10 @@ def render(
     return HTMLResponse(html, status_code=status_code, headers=SECURITY_HEADERS)
 
 
+#: A log axis whose every tick reads as a number (Plotly labels minor log ticks "2", "5" by default).
+LOG_AXIS: dict[str, Any] = {"type": "log", "minorloglabels": "complete"}
+
+
 def figure(data: list[dict[str, Any]], layout: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A Plotly figure for a page's chart, with the dashboard's common layout under ``layout``."""
     base: dict[str, Any] = {

@@ -42,7 +42,7 @@ from tiletune.service.dashboard.kernel_page import (
     stale_reason,
     throughput,
 )
-from tiletune.service.dashboard.render import figure, render, shape_url
+from tiletune.service.dashboard.render import LOG_AXIS, figure, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
 from tiletune.service.database import aware
@@ -276,7 +276,7 @@ def history_figure(rows: list[Any]) -> dict[str, Any]:
     log = bool(times) and max(times) / min(times) > LOG_SPREAD
     layout = {
         "xaxis": {"title": {"text": "promoted at (UTC)"}, "type": "date"},
-        "yaxis": {"title": {"text": "median time (ms)"}, "type": "log" if log else "linear"},
+        "yaxis": {**(LOG_AXIS if log else {"type": "linear"}), "title": {"text": "median time (ms)"}},
         "hovermode": "closest",
     }
     return figure([*groups.values(), *defaults.values()], layout)
