@@ -1,4 +1,8 @@
-// add: out = a + b over n elements, tile_size elements per tile, three queues (a, b, out).
+// add: out = a + b over n elements, tile_size elements per tile, two input queues (a, b).
+//
+// Per tile: copy-in of a and b into their slots (slot t % buffer_num), then compute fused with
+// copy-out: the float32 sums go from the slots straight into `out` (streaming stores when the
+// output is larger than the caches), so no output slot is filled and copied again.
 #include "native.h"
 
 namespace {
@@ -12,7 +16,8 @@ void add_core(const T* a, const T* b, T* out, int64_t n, int64_t tile, const Pip
   auto [first, last] = tiletune::core_range(tiles, p.block_dim, core);
   if (first >= last) return;
   const int64_t slots = p.buffer_num;
-  T* local = static_cast<T*>(tiletune::local_memory(3 * slots * tile * sizeof(T)));
+  const bool stream = static_cast<size_t>(n) * sizeof(T) > tiletune::kStreamingBytes;
+  T* local = static_cast<T*>(tiletune::local_memory(2 * slots * tile * sizeof(T)));
   auto length = [&](int64_t t) { return std::min(tile, n - t * tile); };
   for (int64_t t = first; t < last; ++t) {
     const int64_t ahead = t + p.pipeline_depth - 1;
@@ -21,16 +26,16 @@ void add_core(const T* a, const T* b, T* out, int64_t n, int64_t tile, const Pip
       tiletune::prefetch(b + ahead * tile, length(ahead) * sizeof(T));
     }
     const int64_t slot = (t - first) % slots, len = length(t);
-    T* la = local + slot * tile;
-    T* lb = local + (slots + slot) * tile;
-    T* lo = local + (2 * slots + slot) * tile;
+    T* __restrict__ la = local + slot * tile;
+    T* __restrict__ lb = local + (slots + slot) * tile;
     std::memcpy(la, a + t * tile, len * sizeof(T));  // copy-in
     std::memcpy(lb, b + t * tile, len * sizeof(T));
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i)  // compute, in float32
-      lo[i] = static_cast<T>(tiletune::to_float(la[i]) + tiletune::to_float(lb[i]));
-    std::memcpy(out + t * tile, lo, len * sizeof(T));  // copy-out
+    // compute, in float32, fused with copy-out
+    tiletune::store_each(out + t * tile, len, stream, [&](int64_t i) {
+      return tiletune::to_float(la[i]) + tiletune::to_float(lb[i]);
+    });
   }
+  if (stream) tiletune::stream_fence();
 }
 
 }  // namespace

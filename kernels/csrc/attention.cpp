@@ -62,12 +62,7 @@ void fold_scores(const AttentionLocal& l, int64_t rows, int64_t cols, bool first
     const float m = first ? bm : std::max(l.row_max[r], bm);
     l.rescale[r] = first ? 0.0f : tiletune::exp_approx(l.row_max[r] - m);
     l.row_max[r] = m;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = tiletune::exp_approx(s[j] - m);
-      sum += s[j];
-    }
+    const float sum = tiletune::exp_shift_sum(s, m, s, n);
     std::fill(s + n, s + cols, 0.0f);
     l.row_sum[r] = first ? sum : l.row_sum[r] * l.rescale[r] + sum;
   }
@@ -165,7 +160,7 @@ at::Tensor native_attention(const at::Tensor& q, const at::Tensor& k,
     const scalar_t* pk = k.data_ptr<scalar_t>();
     const scalar_t* pv = v.data_ptr<scalar_t>();
     scalar_t* po = o.data_ptr<scalar_t>();
-    tiletune::for_each_core(p.block_dim, [&](int64_t core) { attention_core(pq, pk, pv, po, g, p, core); });
+    tiletune::for_each_core<true>(p.block_dim, [&](int64_t core) { attention_core(pq, pk, pv, po, g, p, core); });
   });
   return o;
 }

@@ -89,7 +89,7 @@ at::Tensor native_matmul(const at::Tensor& a, const at::Tensor& b, int64_t tile_
     const scalar_t* pa = a.data_ptr<scalar_t>();
     const scalar_t* pb = b.data_ptr<scalar_t>();
     scalar_t* pc = c.data_ptr<scalar_t>();
-    tiletune::for_each_core(p.block_dim, [&](int64_t core) { matmul_core(pa, pb, pc, g, p, core); });
+    tiletune::for_each_core<true>(p.block_dim, [&](int64_t core) { matmul_core(pa, pb, pc, g, p, core); });
   });
   return c;
 }
