@@ -1,8 +1,11 @@
 """``native_add``: :mod:`~tiletune.kernels.add` in C++ (``csrc/add.cpp``), tiles spread over cores.
 
 Knobs: ``add``'s (``tile_size``, ``buffer_num``, ``pipeline_depth``) and ``block_dim``. A
-core takes a contiguous range of tiles; per tile, ``a`` and ``b`` are copied into their slots,
-added in float32 into the output slot, and copied out.
+core takes a contiguous range of tiles. Float32 tiles are added straight from global memory
+into ``out`` (each element is read once, so a slot would only cost a copy: the copy-in is the
+prefetch issued ``pipeline_depth - 1`` tiles ahead and ``buffer_num`` has no effect); half and
+bfloat16 tiles are copied into float32 slots first. Compute is fused with copy-out (streaming
+stores for outputs larger than the last-level cache).
 """
 
 from __future__ import annotations

@@ -31,6 +31,8 @@
 #include <cstring>
 #include <memory>
 
+#include <unistd.h>
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -97,9 +99,16 @@ void for_each_core(int64_t block_dim, const Body& body) {
   });
 }
 
-// Outputs larger than this are written with streaming (non-temporal) stores: they would only
-// evict the inputs from the caches.
-constexpr size_t kStreamingBytes = size_t{8} << 20;
+// Outputs larger than the last-level cache are written with streaming (non-temporal) stores:
+// they cannot stay cached and would only evict the inputs. Smaller ones are stored normally
+// (the next reader, often the next call, finds them in cache).
+inline size_t streaming_bytes() {
+  static const size_t bytes = [] {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return llc > 0 ? static_cast<size_t>(llc) : size_t{32} << 20;
+  }();
+  return bytes;
+}
 
 // dst[i] = f(i) for i in [0, n), float32 results; with `stream` (and AVX-512) the aligned middle
 // is written with non-temporal stores (the caller issues stream_fence() before returning).

@@ -113,7 +113,7 @@ void row_steps(const RowTiling& g, const T* x, const Pipeline& p, int64_t core, 
 template <class T>
 void softmax_core(const T* x, T* y, const RowTiling& g, const Pipeline& p, int64_t core) {
   RowLocal<T> local(g, p.buffer_num, 0);
-  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::kStreamingBytes;
+  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::streaming_bytes();
   row_steps(g, x, p, core, [&](const Block& b, int64_t slot) {
     T* in = local.in + slot * local.tile;
     const bool stats = !g.two_pass || !b.second;
@@ -152,7 +152,7 @@ void rms_norm_core(const T* x, const T* w, T* y, float eps, const RowTiling& g, 
   const int64_t weight_elems = g.two_pass ? p.buffer_num * g.tile_cols : g.cols;
   RowLocal<T> local(g, p.buffer_num, weight_elems);
   if (!g.two_pass) std::memcpy(local.weight, w, g.cols * sizeof(T));  // once per call
-  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::kStreamingBytes;
+  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::streaming_bytes();
   row_steps(g, x, p, core, [&](const Block& b, int64_t slot) {
     T* in = local.in + slot * local.tile;
     copy_block_in(in, x, g.cols, b);
