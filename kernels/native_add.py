@@ -1,8 +1,11 @@
 """``native_add``: :mod:`~tiletune.kernels.add` in C++ (``csrc/add.cpp``), tiles spread over cores.
 
 Knobs: ``add``'s (``tile_size``, ``buffer_num``, ``pipeline_depth``) and ``block_dim``. A
-core takes a contiguous range of tiles; per tile, ``a`` and ``b`` are copied into their slots,
-added in float32 into the output slot, and copied out.
+core takes a contiguous range of tiles. Float32 tiles are added straight from global memory
+into ``out`` (each element is read once, so a slot would only cost a copy: the copy-in is the
+prefetch issued ``pipeline_depth - 1`` tiles ahead and ``buffer_num`` has no effect); half and
+bfloat16 tiles are copied into float32 slots first. Compute is fused with copy-out (streaming
+stores for outputs larger than the last-level cache).
 """
 
 from __future__ import annotations
@@ -35,15 +38,16 @@ class NativeAddSpec(NativeSpec, AddSpec):
     ) -> torch.Tensor:
         """The extension's ``add`` on the flat inputs, shaped like ``a``."""
         a, b = inputs
+        flat = a.dim() == 1  # the common case: no reshape or view to pay for per call
         out: torch.Tensor = module.add(
-            a.reshape(-1),
-            b.reshape(-1),
+            a if flat else a.reshape(-1),
+            b if flat else b.reshape(-1),
             config["tile_size"],
             config["block_dim"],
             config["buffer_num"],
             config["pipeline_depth"],
         )
-        return out.view(a.shape)
+        return out if flat else out.view(a.shape)
 
 
 SPEC = NativeAddSpec()

@@ -3,7 +3,9 @@
 Knobs: ``fused_attention``'s (``block_q``, ``block_kv``, ``buffer_num``, ``pipeline_depth``)
 and ``block_dim``. A tile is one q block of one (batch, head); tiles are dealt to the cores
 round-robin (balancing the causal triangle); each kv step computes scores and ``P V`` with
-single-threaded ``sgemm_`` and folds them in with the online softmax.
+single-threaded ``sgemm_`` and folds them in with the online softmax (AVX-512 ``exp``). The
+scaled Q block and the accumulator have slots; K and V blocks are converted into float32 slots
+for half/bfloat16 and read in place for float32 (already contiguous ``[block_kv, head_dim]``).
 """
 
 from __future__ import annotations

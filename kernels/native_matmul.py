@@ -2,8 +2,10 @@
 
 Knobs: ``matmul``'s (``tile_m``, ``tile_n``, ``tile_k``, ``buffer_num``, ``pipeline_depth``)
 and ``block_dim``. A core takes a contiguous range of output tiles; a k step copies the A
-and B blocks into float32 slots and a single-threaded ``sgemm_`` (torch's own MKL, exported
-by ``libtorch_cpu``) accumulates them into the tile's float32 accumulator slot.
+and B blocks into float32 slots (half/bfloat16; float32 blocks are read in place through
+their leading dimensions, ``sgemm_`` packing them itself) and a single-threaded ``sgemm_``
+(torch's own MKL, exported by ``libtorch_cpu``) accumulates them into the tile's float32
+accumulator slot.
 """
 
 from __future__ import annotations

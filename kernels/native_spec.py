@@ -150,7 +150,7 @@ class NativeSpec(KernelSpec):
         """
         require_backend(self.backends(), backend)
         for tensor in inputs:
-            if tensor.device.type != "cpu":
+            if not tensor.is_cpu:
                 raise ValueError(f"{self.name}: native kernels run on CPU tensors, got {tensor.device}")
         if "block_dim" not in config:
             config = self._with_block_dim(config, shape)

@@ -1,4 +1,11 @@
-// add: out = a + b over n elements, tile_size elements per tile, three queues (a, b, out).
+// add: out = a + b over n elements, tile_size elements per tile, two input queues (a, b).
+//
+// Each element is read once, so a slot holds no data worth keeping: float32 tiles are consumed
+// straight from global memory, their copy-in being the prefetch issued pipeline_depth - 1 tiles
+// ahead (registers are the local buffer; buffer_num has no effect). Half and bfloat16 tiles are
+// copied in with their conversion to float32 into slot t % buffer_num of each input queue.
+// Compute is fused with copy-out: the float32 sums go straight into `out` (streaming stores when
+// the output is larger than the last-level cache); there is no output slot.
 #include "native.h"
 
 namespace {
@@ -12,7 +19,10 @@ void add_core(const T* a, const T* b, T* out, int64_t n, int64_t tile, const Pip
   auto [first, last] = tiletune::core_range(tiles, p.block_dim, core);
   if (first >= last) return;
   const int64_t slots = p.buffer_num;
-  T* local = static_cast<T*>(tiletune::local_memory(3 * slots * tile * sizeof(T)));
+  const bool stream = static_cast<size_t>(n) * sizeof(T) > tiletune::streaming_bytes();
+  float* local = std::is_same_v<T, float>
+                     ? nullptr
+                     : static_cast<float*>(tiletune::local_memory(2 * slots * tile * sizeof(float)));
   auto length = [&](int64_t t) { return std::min(tile, n - t * tile); };
   for (int64_t t = first; t < last; ++t) {
     const int64_t ahead = t + p.pipeline_depth - 1;
@@ -20,17 +30,22 @@ void add_core(const T* a, const T* b, T* out, int64_t n, int64_t tile, const Pip
       tiletune::prefetch(a + ahead * tile, length(ahead) * sizeof(T));
       tiletune::prefetch(b + ahead * tile, length(ahead) * sizeof(T));
     }
-    const int64_t slot = (t - first) % slots, len = length(t);
-    T* la = local + slot * tile;
-    T* lb = local + (slots + slot) * tile;
-    T* lo = local + (2 * slots + slot) * tile;
-    std::memcpy(la, a + t * tile, len * sizeof(T));  // copy-in
-    std::memcpy(lb, b + t * tile, len * sizeof(T));
-#pragma omp simd
-    for (int64_t i = 0; i < len; ++i)  // compute, in float32
-      lo[i] = static_cast<T>(tiletune::to_float(la[i]) + tiletune::to_float(lb[i]));
-    std::memcpy(out + t * tile, lo, len * sizeof(T));  // copy-out
+    const int64_t len = length(t);
+    if constexpr (std::is_same_v<T, float>) {
+      const float* __restrict__ ta = a + t * tile;
+      const float* __restrict__ tb = b + t * tile;
+      tiletune::store_each(out + t * tile, len, stream, [&](int64_t i) { return ta[i] + tb[i]; });
+    } else {
+      const int64_t slot = (t - first) % slots;
+      float* __restrict__ la = local + slot * tile;
+      float* __restrict__ lb = local + (slots + slot) * tile;
+      tiletune::load_float(la, a + t * tile, len);  // copy-in, converting to float32
+      tiletune::load_float(lb, b + t * tile, len);
+      // compute, fused with copy-out
+      tiletune::store_each(out + t * tile, len, stream, [&](int64_t i) { return la[i] + lb[i]; });
+    }
   }
+  if (stream) tiletune::stream_fence();
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // (batch, head); tiles are dealt to the cores round-robin (tile t to core t % block_dim, which
 // balances the causal triangle). A tile's steps are the block_kv blocks of keys it attends to
 // (causal: up to its last query, top-left aligned). A step copies the K and V blocks into their
-// slots (and, first, the scaled Q block), computes the scores with sgemm_, folds them into the
+// float32 slots (half/bfloat16; a float32 block is already a contiguous [block_kv, head_dim]
+// matrix, which sgemm_ reads in place, so only its prefetch remains) and, first, the scaled Q
+// block into its slot; it computes the scores with sgemm_, folds them into the
 // tile's float32 accumulator with the online softmax (running max and sum; the accumulator is
 // rescaled when the max grows) and adds P V with sgemm_; the last step divides by the sum and
 // copies the block of O out.
@@ -62,12 +64,7 @@ void fold_scores(const AttentionLocal& l, int64_t rows, int64_t cols, bool first
     const float m = first ? bm : std::max(l.row_max[r], bm);
     l.rescale[r] = first ? 0.0f : tiletune::exp_approx(l.row_max[r] - m);
     l.row_max[r] = m;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t j = 0; j < n; ++j) {
-      s[j] = tiletune::exp_approx(s[j] - m);
-      sum += s[j];
-    }
+    const float sum = tiletune::exp_shift_sum(s, m, s, n);
     std::fill(s + n, s + cols, 0.0f);
     l.row_sum[r] = first ? sum : l.row_sum[r] * l.rescale[r] + sum;
   }
@@ -110,10 +107,17 @@ void attention_core(const T* q, const T* k, const T* v, T* o, const AttentionTil
       for (int64_t e = 0; e < rows * d; ++e) lq[e] = tiletune::to_float(src[e]) * scale;
     }
     const int64_t kv_offset = (h * g.seq_kv + kv0) * d;
-    tiletune::load_float(lk, k + kv_offset, cols * d);
-    tiletune::load_float(lv, v + kv_offset, cols * d);
+    const float* kb_ = lk;
+    const float* vb_ = lv;
+    if constexpr (std::is_same_v<T, float>) {  // already contiguous float32 [cols, d]: no copy
+      kb_ = k + kv_offset;
+      vb_ = v + kv_offset;
+    } else {
+      tiletune::load_float(lk, k + kv_offset, cols * d);
+      tiletune::load_float(lv, v + kv_offset, cols * d);
+    }
     const int ir = static_cast<int>(rows), ic = static_cast<int>(cols), id = static_cast<int>(d);
-    tiletune::gemm_rowmajor(ir, ic, id, lq, id, lk, id, true, 0.0f, l.scores, ic);
+    tiletune::gemm_rowmajor(ir, ic, id, lq, id, kb_, id, true, 0.0f, l.scores, ic);
     if (g.causal) {
       fold_scores(l, rows, cols, first, [&](int64_t r) { return std::min(cols, q0 + r - kv0 + 1); });
     } else {
@@ -127,7 +131,7 @@ void attention_core(const T* q, const T* k, const T* v, T* o, const AttentionTil
         for (int64_t e = 0; e < d; ++e) a[e] *= f;
       }
     }
-    tiletune::gemm_rowmajor(ir, id, ic, l.scores, ic, lv, id, false, first ? 0.0f : 1.0f, acc, id);
+    tiletune::gemm_rowmajor(ir, id, ic, l.scores, ic, vb_, id, false, first ? 0.0f : 1.0f, acc, id);
     if (last) {  // finish and copy-out
       T* dst = o + (h * g.seq_q + q0) * d;
       for (int64_t r = 0; r < rows; ++r) {
@@ -165,7 +169,7 @@ at::Tensor native_attention(const at::Tensor& q, const at::Tensor& k,
     const scalar_t* pk = k.data_ptr<scalar_t>();
     const scalar_t* pv = v.data_ptr<scalar_t>();
     scalar_t* po = o.data_ptr<scalar_t>();
-    tiletune::for_each_core(p.block_dim, [&](int64_t core) { attention_core(pq, pk, pv, po, g, p, core); });
+    tiletune::for_each_core<true>(p.block_dim, [&](int64_t core) { attention_core(pq, pk, pv, po, g, p, core); });
   });
   return o;
 }

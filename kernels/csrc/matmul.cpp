@@ -2,8 +2,10 @@
 //
 // Output tiles tile_m x tile_n (row-major order, contiguous ranges per core); each takes one
 // step per tile_k slice of k. A step copies the A and B blocks into their slots (packed, as
-// float32), then a single-threaded sgemm_ accumulates their product into the tile's float32
-// accumulator slot (beta 0 on the first step); copy-out converts the accumulator into C.
+// float32; float32 blocks are read in place by sgemm_ through their leading dimensions, which
+// packs them itself, so only their prefetch remains), then a single-threaded sgemm_ accumulates
+// their product into the tile's float32 accumulator slot (beta 0 on the first step); copy-out
+// converts the accumulator into C.
 #include "native.h"
 
 namespace {
@@ -55,13 +57,23 @@ void matmul_core(const T* a, const T* b, T* c, const MatmulTiling& g, const Pipe
     float* la = a_slots + slot * a_tile;
     float* lb = b_slots + slot * b_tile;
     float* acc = acc_slots + out_slot * acc_tile;
-    for (int64_t r = 0; r < s.mi; ++r)  // copy-in: A block, packed mi x kk
-      tiletune::load_float(la + r * s.kk, a + (s.i0 + r) * g.k + s.k0, s.kk);
-    for (int64_t r = 0; r < s.kk; ++r)  // B block, packed kk x nj
-      tiletune::load_float(lb + r * s.nj, b + (s.k0 + r) * g.n + s.j0, s.nj);
+    const float* ab = la;
+    const float* bb = lb;
+    int lda = static_cast<int>(s.kk), ldb = static_cast<int>(s.nj);
+    if constexpr (std::is_same_v<T, float>) {  // sgemm_ reads float32 blocks in place (ld k, n)
+      ab = a + s.i0 * g.k + s.k0;
+      bb = b + s.k0 * g.n + s.j0;
+      lda = static_cast<int>(g.k);
+      ldb = static_cast<int>(g.n);
+    } else {
+      for (int64_t r = 0; r < s.mi; ++r)  // copy-in: A block, packed mi x kk, as float32
+        tiletune::load_float(la + r * s.kk, a + (s.i0 + r) * g.k + s.k0, s.kk);
+      for (int64_t r = 0; r < s.kk; ++r)  // B block, packed kk x nj
+        tiletune::load_float(lb + r * s.nj, b + (s.k0 + r) * g.n + s.j0, s.nj);
+    }
     tiletune::gemm_rowmajor(static_cast<int>(s.mi), static_cast<int>(s.nj), static_cast<int>(s.kk),
-                            la, static_cast<int>(s.kk), lb, static_cast<int>(s.nj), false,
-                            s.first ? 0.0f : 1.0f, acc, static_cast<int>(s.nj));
+                            ab, lda, bb, ldb, false, s.first ? 0.0f : 1.0f, acc,
+                            static_cast<int>(s.nj));
     if (s.last) {  // copy-out
       for (int64_t r = 0; r < s.mi; ++r)
         tiletune::store_from_float(c + (s.i0 + r) * g.n + s.j0, acc + r * s.nj, s.nj);
@@ -89,7 +101,7 @@ at::Tensor native_matmul(const at::Tensor& a, const at::Tensor& b, int64_t tile_
     const scalar_t* pa = a.data_ptr<scalar_t>();
     const scalar_t* pb = b.data_ptr<scalar_t>();
     scalar_t* pc = c.data_ptr<scalar_t>();
-    tiletune::for_each_core(p.block_dim, [&](int64_t core) { matmul_core(pa, pb, pc, g, p, core); });
+    tiletune::for_each_core<true>(p.block_dim, [&](int64_t core) { matmul_core(pa, pb, pc, g, p, core); });
   });
   return c;
 }

@@ -8,6 +8,9 @@
 // - pipeline_depth d: before the copy-in of a core's tile i, the copy-in of tile i + d - 1
 //   is issued as software prefetches of its global memory (1: no prefetch).
 // - MKL calls inside a core are single-threaded (the cores are the parallelism).
+// - where the output needs no staging, copy-out is fused with compute: compute reads the
+//   input slots and writes global memory directly (streaming stores where the output is
+//   larger than the caches), instead of filling an output slot and copying it out.
 #pragma once
 
 // Light ATen headers only (the Python binding TU alone includes pybind11): compile time matters,
@@ -27,6 +30,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+
+#include <unistd.h>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 extern "C" {
 void sgemm_(const char* transa, const char* transb, const int* m, const int* n, const int* k,
@@ -66,18 +75,71 @@ class SingleThreadedBlas {
   int previous_;
 };
 
-// Run body(core) for core in [0, block_dim) on torch's thread pool.
-template <class Body>
+// Run body(core) for core in [0, block_dim) on torch's thread pool; block_dim 1 runs on the
+// caller and starts no parallel region. `Blas`: the body calls MKL (made single-threaded on
+// each core for the call); kernels without BLAS skip that per-call cost.
+template <bool Blas = false, class Body>
 void for_each_core(int64_t block_dim, const Body& body) {
   if (block_dim == 1) {
-    SingleThreadedBlas one;
-    body(0);
+    if constexpr (Blas) {
+      SingleThreadedBlas one;
+      body(0);
+    } else {
+      body(0);
+    }
     return;
   }
   at::parallel_for(0, block_dim, 1, [&](int64_t begin, int64_t end) {
-    SingleThreadedBlas one;
-    for (int64_t core = begin; core < end; ++core) body(core);
+    if constexpr (Blas) {
+      SingleThreadedBlas one;
+      for (int64_t core = begin; core < end; ++core) body(core);
+    } else {
+      for (int64_t core = begin; core < end; ++core) body(core);
+    }
   });
+}
+
+// Outputs larger than the last-level cache are written with streaming (non-temporal) stores:
+// they cannot stay cached and would only evict the inputs. Smaller ones are stored normally
+// (the next reader, often the next call, finds them in cache).
+inline size_t streaming_bytes() {
+  static const size_t bytes = [] {
+    const long llc = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    return llc > 0 ? static_cast<size_t>(llc) : size_t{32} << 20;
+  }();
+  return bytes;
+}
+
+// dst[i] = f(i) for i in [0, n), float32 results; with `stream` (and AVX-512) the aligned middle
+// is written with non-temporal stores (the caller issues stream_fence() before returning).
+template <class T, class F>
+inline void store_each(T* __restrict__ dst, int64_t n, bool stream, const F& f) {
+#if defined(__AVX512F__)
+  if constexpr (std::is_same_v<T, float>) {
+    if (stream) {
+      int64_t i = 0;
+      for (; i < n && (reinterpret_cast<uintptr_t>(dst + i) & 63) != 0; ++i) dst[i] = f(i);
+      for (; i + 16 <= n; i += 16) {
+        alignas(64) float v[16];
+#pragma omp simd
+        for (int j = 0; j < 16; ++j) v[j] = f(i + j);
+        _mm512_stream_ps(dst + i, _mm512_load_ps(v));
+      }
+      for (; i < n; ++i) dst[i] = f(i);
+      return;
+    }
+  }
+#endif
+  (void)stream;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(f(i));
+}
+
+// Orders this thread's streaming stores before whatever follows (a no-op without them).
+inline void stream_fence() {
+#if defined(__AVX512F__)
+  _mm_sfence();
+#endif
 }
 
 // The contiguous range of `count` items core `core` of `cores` owns.
@@ -134,6 +196,63 @@ inline float exp_approx(float x) {
   return p * scale;
 }
 
+#if defined(__AVX512F__)
+// exp of 16 float32 lanes: n = round(x log2 e), r = x - n ln2 (two-part ln2), the same degree-6
+// polynomial as exp_approx for e^r, then 2^n applied by vscalefps (no exponent-bit tricks,
+// saturates to 0 / inf outside the float range; x = -inf gives 0).
+inline __m512 exp16(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));  // below: 0 after scaling; keeps -inf finite
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+  p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// e[i] = exp(v[i] - shift) for i in [0, n) (e may be v, or null: sums only); returns the sum.
+// Float32 throughout; AVX-512 where the CPU has it (masked tail), exp_approx otherwise.
+inline float exp_shift_sum(const float* v, float shift, float* e, int64_t n) {
+#if defined(__AVX512F__)
+  const __m512 s = _mm512_set1_ps(shift);
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_loadu_ps(v + i), s));
+    const __m512 e1 = exp16(_mm512_sub_ps(_mm512_loadu_ps(v + i + 16), s));
+    if (e) {
+      _mm512_storeu_ps(e + i, e0);
+      _mm512_storeu_ps(e + i + 16, e1);
+    }
+    acc0 = _mm512_add_ps(acc0, e0);
+    acc1 = _mm512_add_ps(acc1, e1);
+  }
+  for (; i < n; i += 16) {
+    const __mmask16 k = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __m512 e0 = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, v + i), s));
+    if (e) _mm512_mask_storeu_ps(e + i, k, e0);
+    acc0 = _mm512_add_ps(acc0, _mm512_maskz_mov_ps(k, e0));
+  }
+  return _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = exp_approx(v[i] - shift);
+    if (e) e[i] = x;
+    sum += x;
+  }
+  return sum;
+#endif
+}
+
 // The largest of v[0..n) (-inf for n == 0): 16 partial maxima, so it vectorises.
 template <class T>
 inline float max_of(const T* v, int64_t n) {
@@ -150,6 +269,31 @@ inline float max_of(const T* v, int64_t n) {
   float m = -INFINITY;
   for (int j = 0; j < lanes; ++j) m = m > part[j] ? m : part[j];
   for (; i < n; ++i) m = std::max(m, to_float(v[i]));
+  return m;
+}
+
+// Copy v[0..n) to dst (the copy-in of one row) and return the largest element (-inf for n == 0):
+// the max of a row comes with its copy-in instead of another pass over the slot.
+template <class T>
+inline float copy_max(T* __restrict__ dst, const T* __restrict__ v, int64_t n) {
+  constexpr int lanes = 16;
+  float part[lanes];
+  for (int j = 0; j < lanes; ++j) part[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    for (int j = 0; j < lanes; ++j) {
+      const T e = v[i + j];
+      dst[i + j] = e;
+      const float x = to_float(e);
+      part[j] = part[j] > x ? part[j] : x;
+    }
+  }
+  float m = -INFINITY;
+  for (int j = 0; j < lanes; ++j) m = m > part[j] ? m : part[j];
+  for (; i < n; ++i) {
+    dst[i] = v[i];
+    m = std::max(m, to_float(v[i]));
+  }
   return m;
 }
 

@@ -3,8 +3,10 @@
 // A row tile whose tiles span the whole row (tile_cols >= cols) is one step. Otherwise it takes
 // two passes over its column tiles, copying each in again: pass one accumulates per-row float32
 // statistics (softmax: the running max and rescaled sum, i.e. the online softmax; rms_norm: the
-// sum of squares), pass two produces and copies out each column tile. Row tiles are split over
-// the cores in contiguous ranges.
+// sum of squares), pass two produces each column tile. Row tiles are split over the cores in
+// contiguous ranges. Copy-out is fused with compute: an output-producing step writes its block
+// of y directly from the input slot (and a float32 row of scratch), streaming stores when y is
+// larger than the caches; there is no output slot.
 #include "native.h"
 
 namespace {
@@ -44,34 +46,19 @@ void copy_block_in(T* slot, const T* x, int64_t ld, const Block& b) {
 }
 
 template <class T>
-void copy_block_out(T* y, const T* slot, int64_t ld, const Block& b) {
-  for (int64_t r = 0; r < b.rows; ++r)
-    std::memcpy(y + (b.r0 + r) * ld + b.c0, slot + r * b.cols, b.cols * sizeof(T));
-}
-
-template <class T>
 void prefetch_block(const T* x, int64_t ld, const Block& b) {
   for (int64_t r = 0; r < b.rows; ++r) tiletune::prefetch(x + (b.r0 + r) * ld + b.c0, b.cols * sizeof(T));
 }
 
-// e[i] = exp(v[i] - shift); returns the sum of e.
+// e[i] = exp(v[i] - shift) (e: float32 scratch of n; null: the sum only); returns the sum of e.
 template <class T>
-float exp_shifted(const T* v, float shift, float* e, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    e[i] = tiletune::exp_approx(tiletune::to_float(v[i]) - shift);
-    s += e[i];
+float exp_shifted(const T* v, float shift, float* e, int64_t n, float* scratch) {
+  if constexpr (std::is_same_v<T, float>) {
+    return tiletune::exp_shift_sum(v, shift, e, n);
+  } else {
+    tiletune::load_float(scratch, v, n);
+    return tiletune::exp_shift_sum(scratch, shift, e ? e : scratch, n);
   }
-  return s;
-}
-
-template <class T>
-float sum_exp_shifted(const T* v, float shift, int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += tiletune::exp_approx(tiletune::to_float(v[i]) - shift);
-  return s;
 }
 
 template <class T>
@@ -85,12 +72,11 @@ float sum_squares(const T* v, int64_t n) {
   return s;
 }
 
-// Local memory of one core: buffer_num input and output slots, float32 statistics and scratch,
+// Local memory of one core: buffer_num input slots, float32 statistics and a row of scratch,
 // and (rms_norm) the weight: once per call for whole rows, buffer_num column slots otherwise.
 template <class T>
 struct RowLocal {
   T* in;
-  T* out;
   T* weight;
   float* stat_a;
   float* stat_b;
@@ -100,11 +86,10 @@ struct RowLocal {
   RowLocal(const RowTiling& g, int64_t slots, int64_t weight_elems) {
     tile = g.tile_rows * g.tile_cols;
     auto round = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
-    size_t queues = round(2 * slots * tile * sizeof(T)), w = round(weight_elems * sizeof(T));
+    size_t queues = round(slots * tile * sizeof(T)), w = round(weight_elems * sizeof(T));
     size_t stats = round(2 * g.tile_rows * sizeof(float)), scratch_bytes = round(g.tile_cols * sizeof(float));
     char* base = static_cast<char*>(tiletune::local_memory(queues + w + stats + scratch_bytes));
     in = reinterpret_cast<T*>(base);
-    out = in + slots * tile;
     weight = reinterpret_cast<T*>(base + queues);
     stat_a = reinterpret_cast<float*>(base + queues + w);
     stat_b = stat_a + g.tile_rows;
@@ -128,40 +113,37 @@ void row_steps(const RowTiling& g, const T* x, const Pipeline& p, int64_t core, 
 template <class T>
 void softmax_core(const T* x, T* y, const RowTiling& g, const Pipeline& p, int64_t core) {
   RowLocal<T> local(g, p.buffer_num, 0);
+  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::streaming_bytes();
   row_steps(g, x, p, core, [&](const Block& b, int64_t slot) {
     T* in = local.in + slot * local.tile;
-    T* out = local.out + slot * local.tile;
-    copy_block_in(in, x, g.cols, b);
+    const bool stats = !g.two_pass || !b.second;
+    if (!stats) copy_block_in(in, x, g.cols, b);
     for (int64_t r = 0; r < b.rows; ++r) {
       const T* v = in + r * b.cols;
       float& m = local.stat_a[r];
       float& l = local.stat_b[r];
-      if (!g.two_pass || !b.second) {  // statistics: the whole row, or fold in a column tile
-        const float bm = tiletune::max_of(v, b.cols);
+      if (stats) {  // statistics: the whole row, or fold in a column tile
+        // copy-in of the row, its max on the way
+        const float bm = tiletune::copy_max(in + r * b.cols, x + (b.r0 + r) * g.cols + b.c0, b.cols);
         if (!g.two_pass || b.first) {
           m = bm;
-          l = g.two_pass ? sum_exp_shifted(v, m, b.cols) : 0.0f;
+          l = g.two_pass ? exp_shifted(v, m, nullptr, b.cols, local.scratch) : 0.0f;
         } else {
           const float nm = std::max(m, bm);
-          l = l * tiletune::exp_approx(m - nm) + sum_exp_shifted(v, nm, b.cols);
+          l = l * tiletune::exp_approx(m - nm) + exp_shifted(v, nm, nullptr, b.cols, local.scratch);
           m = nm;
         }
         if (g.two_pass) continue;
       }
-      T* o = out + r * b.cols;
-      if (!g.two_pass) {
-        l = exp_shifted(v, m, local.scratch, b.cols);
-      } else {
-#pragma omp simd
-        for (int64_t i = 0; i < b.cols; ++i)
-          local.scratch[i] = tiletune::exp_approx(tiletune::to_float(v[i]) - m);
-      }
+      T* o = y + (b.r0 + r) * g.cols + b.c0;
+      float* e = local.scratch;
+      const float sum = exp_shifted(v, m, e, b.cols, e);
+      if (!g.two_pass) l = sum;
       const float inv = 1.0f / l;
-#pragma omp simd
-      for (int64_t i = 0; i < b.cols; ++i) o[i] = static_cast<T>(local.scratch[i] * inv);
+      tiletune::store_each(o, b.cols, stream, [&](int64_t i) { return e[i] * inv; });  // copy-out
     }
-    if (b.second) copy_block_out(y, out, g.cols, b);
   });
+  if (stream) tiletune::stream_fence();
 }
 
 template <class T>
@@ -170,9 +152,9 @@ void rms_norm_core(const T* x, const T* w, T* y, float eps, const RowTiling& g, 
   const int64_t weight_elems = g.two_pass ? p.buffer_num * g.tile_cols : g.cols;
   RowLocal<T> local(g, p.buffer_num, weight_elems);
   if (!g.two_pass) std::memcpy(local.weight, w, g.cols * sizeof(T));  // once per call
+  const bool stream = static_cast<size_t>(g.rows * g.cols) * sizeof(T) > tiletune::streaming_bytes();
   row_steps(g, x, p, core, [&](const Block& b, int64_t slot) {
     T* in = local.in + slot * local.tile;
-    T* out = local.out + slot * local.tile;
     copy_block_in(in, x, g.cols, b);
     const T* weight = local.weight;
     if (g.two_pass && b.second) {
@@ -190,13 +172,13 @@ void rms_norm_core(const T* x, const T* w, T* y, float eps, const RowTiling& g, 
       }
       if (!g.two_pass || b.first) local.stat_b[r] = 1.0f / std::sqrt(s / g.cols + eps);
       const float scale = local.stat_b[r];
-      T* o = out + r * b.cols;
-#pragma omp simd
-      for (int64_t i = 0; i < b.cols; ++i)
-        o[i] = static_cast<T>(tiletune::to_float(v[i]) * scale * tiletune::to_float(weight[i]));
+      T* o = y + (b.r0 + r) * g.cols + b.c0;
+      tiletune::store_each(o, b.cols, stream, [&](int64_t i) {  // compute fused with copy-out
+        return tiletune::to_float(v[i]) * scale * tiletune::to_float(weight[i]);
+      });
     }
-    if (b.second) copy_block_out(y, out, g.cols, b);
   });
+  if (stream) tiletune::stream_fence();
 }
 
 RowTiling checked_tiling(const at::Tensor& x, int64_t tile_rows, int64_t tile_cols,

@@ -160,3 +160,51 @@ def test_native_kernels_refuse_tensors_off_the_cpu_with_a_reason() -> None:
     a = torch.ones(4, device="meta")
     with pytest.raises(ValueError, match="CPU tensors"):
         spec.run((a, a), {"tile_size": 4, "block_dim": 1, "buffer_num": 1, "pipeline_depth": 1}, {"n": 4})
+
+
+def test_outputs_past_the_last_level_cache_are_streamed_and_still_exact() -> None:
+    """Float32 outputs over the LLC (32 MiB here) take the streaming-store path, tails included."""
+    dtype = "float32"
+    n = (40 << 20) // 4 + 37
+    spec = native("add")
+    shape = {"n": n}
+    inputs = spec.make_inputs(shape, dtype, CPU)
+    for config in (
+        {"tile_size": 4096, "block_dim": all_cores(), "buffer_num": 2, "pipeline_depth": 2},
+        {"tile_size": 1000, "block_dim": 1, "buffer_num": 1, "pipeline_depth": 1},
+    ):
+        out = spec.run(inputs, config, shape)
+        assert torch.equal(out, (inputs[0].float() + inputs[1].float()).to(out.dtype))
+    rows = {"rows": 1000, "cols": (40 << 20) // 4 // 1000 + 3}
+    for name in ("softmax", "rms_norm"):
+        spec = native(name)
+        whole_rows = {
+            "tile_rows": 8,
+            "tile_cols": 16384,
+            "block_dim": all_cores(),
+            "buffer_num": 2,
+            "pipeline_depth": 2,
+        }
+        two_pass = {**whole_rows, "tile_cols": 4096, "buffer_num": 1, "pipeline_depth": 1}
+        assert_matches_reference(spec, rows, dtype, [whole_rows, two_pass], backend=NATIVE_BACKEND)
+
+
+def test_softmax_exp_handles_minus_infinity_and_huge_ranges() -> None:
+    """Masked (-inf) entries give exactly 0; a row spanning the whole float range stays finite."""
+    spec = native("softmax")
+    x = torch.randn(5, 300)
+    x[0, :17] = float("-inf")
+    x[1, 5] = 1e30
+    x[2] = torch.linspace(-1e30, 1e30, 300)
+    shape = {"rows": 5, "cols": 300}
+    for tile_cols in (64, 512):
+        config = {
+            "tile_rows": 2,
+            "tile_cols": tile_cols,
+            "block_dim": 1,
+            "buffer_num": 2,
+            "pipeline_depth": 2,
+        }
+        out = spec.run((x,), config, shape)
+        torch.testing.assert_close(out, torch.softmax(x, -1), atol=1e-6, rtol=1e-5)
+        assert (out[0, :17] == 0).all()
