@@ -327,7 +327,13 @@ class Search:
     def _source_key(self, source: str) -> Key | None:
         """A proposal of one of the ``tpe`` strategy's own sources (``None``: it has none now)."""
         if source == "model" and self._model is not None:
-            return self._model.propose(self._options.temperature_scale(self._record.since_improvement))
+            scale = self._options.temperature_scale(self._record.since_improvement)
+            stalled = self._record.since_improvement >= self._options.floor_patience
+            if self._options.floor_share > 0 and stalled:
+                key = self._model.propose_floor(self._options.floor_share, scale)
+                if key is not None:
+                    return key
+            return self._model.propose(scale)
         if source == "random":
             return self._random_new_key()
         return self._local_key()

@@ -61,7 +61,15 @@ class TpeOptions:
       until the best improves (0 = never): a stalled search explores further;
     - ``local_niches``: local search also climbs from the best config of each
       knob value (after the ``local_top`` best), so once the best basin is
-      exhausted it climbs the next one instead of giving its turns away.
+      exhausted it climbs the next one instead of giving its turns away;
+    - ``floor_share``: a floor of diversity over regions (0 = off). A region is one
+      value of a knob or one cell of a pair of (binned) knob values; once the search
+      has gone ``floor_patience`` measurements without a new best, the model's turns
+      go to the region furthest below ``floor_share`` times its share of the valid
+      space in measurements (a region holding 10 % of the configs is owed
+      ``floor_share`` x 10 % of them), and there to the config a Thompson draw
+      prefers: a region the model wrote off from a few bad configs is still looked
+      at, so a needle in a slow region is not left out for good.
 
     The model needs the valid space enumerated (knob product at most
     ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search
@@ -81,6 +89,8 @@ class TpeOptions:
     model_clip_quantile: float = 1.0
     stall_patience: int = 0
     local_niches: bool = False
+    floor_share: float = 0.0
+    floor_patience: int = 20
 
     def __post_init__(self) -> None:
         shares = (self.model_share, self.local_share, self.random_share)
@@ -90,6 +100,8 @@ class TpeOptions:
             )
         if not 0.0 < self.model_clip_quantile <= 1.0 or self.stall_patience < 0:
             raise ValueError("options: model_clip_quantile must be in (0, 1] and stall_patience >= 0")
+        if not 0.0 <= self.floor_share <= 1.0 or self.floor_patience < 0:
+            raise ValueError("options: floor_share must be in [0, 1] and floor_patience >= 0")
         if self.n_startup < 0 or self.local_top < 1 or self.model_pair_bins < 0 or self.n_ei_candidates < 1:
             raise ValueError(
                 "options: n_startup >= 0, local_top >= 1, model_pair_bins >= 0, n_ei_candidates >= 1"

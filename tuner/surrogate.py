@@ -69,6 +69,7 @@ class PairModel:
         self._trends = self._trend_columns(enc, keys_array)
         self._trend_start = width
         width += self._trends.shape[1]
+        self._volume = np.bincount(self._features.ravel(), minlength=width).astype(float)
         self._keys = list(keys)
         self._rows = {key: row for row, key in enumerate(self._keys)}
         self._available = np.ones(len(self._keys), dtype=bool)
@@ -176,6 +177,31 @@ class PairModel:
         rows = np.flatnonzero(self._available)
         if rows.size == 0 or len(self._ys) < 2:
             return None
+        mean, root = self._posterior()
+        noise = self._temperature * temperature_scale
+        weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))
+        predicted = self._predict(weights, rows)
+        return self._keys[int(rows[int(np.argmin(predicted))])]
+
+    def propose_floor(self, share: float, temperature_scale: float = 1.0) -> Key | None:
+        """Thompson sampling inside the region furthest below its floor (``TpeOptions.floor_share``).
+
+        Regions are the value and pair-cell features; a region's floor is ``share`` times its
+        fraction of the valid configs times the configs measured or outstanding so far. ``None``
+        when no region with an available config is below its floor (or before two measurements).
+        """
+        if len(self._ys) < 2 or not self._available.any():
+            return None
+        taken = np.bincount(self._features[~self._available].ravel(), minlength=self._volume.size)
+        free = self._volume - taken
+        deficit = share * self._volume * (len(self._keys) - int(self._available.sum())) / len(self._keys)
+        deficit -= taken
+        deficit[0] = 0.0  # the intercept is no region
+        deficit[free <= 0] = 0.0
+        cell = int(np.argmax(deficit))
+        if deficit[cell] <= 0:
+            return None
+        rows = np.flatnonzero(self._available & (self._features == cell).any(axis=1))
         mean, root = self._posterior()
         noise = self._temperature * temperature_scale
         weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))

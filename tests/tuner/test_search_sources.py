@@ -175,3 +175,27 @@ def test_warm_start_seeds_are_measured_first() -> None:
     search = Search(SearchSpace(KNOBS, lambda config: None, seeds=tuple(seeds)), seed=0, max_trials=5)
     assert run(search)[:2] == seeds
     assert list(itertools.islice(search.history, 1)) == [1.0]
+
+
+def test_the_diversity_floor_proposes_in_the_region_furthest_below_its_floor() -> None:
+    """Measured only with tile 8, the model's floor turn goes to another value's region, and is new."""
+    enc = Encoding(KNOBS)
+    fitted = model(enc)
+    measured = [key for key in enc.all_keys() if enc.config(key)["tile"] == 8]
+    for key in measured:
+        fitted.add(key, bowl_ms(enc.config(key)))
+    key = fitted.propose_floor(0.5)
+    assert key is not None
+    assert key not in measured
+    assert enc.config(key)["tile"] != 8
+    assert model(enc).propose_floor(0.5) is None  # before two measurements
+
+
+def test_a_floor_keeps_the_contract_and_finds_the_optimum() -> None:
+    options = TpeOptions(floor_share=1.0, floor_patience=0)
+    search = Search(SearchSpace(KNOBS, lambda config: None), seed=2, options=options)
+    asked = run(search)
+    assert len({tuple(c.values()) for c in asked}) == len(asked) == 72
+    assert search.best(1)[0][0] == {"tile": 8, "buffers": 2, "depth": 2}
+    with pytest.raises(ValueError, match="floor_share"):
+        TpeOptions(floor_share=1.5)
