@@ -67,9 +67,11 @@ class TpeOptions:
       has gone ``floor_patience`` measurements without a new best, the model's turns
       go to the region furthest below ``floor_share`` times its share of the valid
       space in measurements (a region holding 10 % of the configs is owed
-      ``floor_share`` x 10 % of them), and there to the config a Thompson draw
-      prefers: a region the model wrote off from a few bad configs is still looked
-      at, so a needle in a slow region is not left out for good.
+      ``floor_share`` x 10 % of them), and there, turn about, to the config a
+      Thompson draw prefers and to the most promising neighbour (inside the region)
+      of its best measured configs: a region the model wrote off from a few bad
+      configs is still looked at and climbed, so a needle in a slow region is not
+      left out for good.
 
     The model needs the valid space enumerated (knob product at most
     ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search

@@ -69,6 +69,8 @@ class PairModel:
         self._trends = self._trend_columns(enc, keys_array)
         self._trend_start = width
         width += self._trends.shape[1]
+        self._enc = enc
+        self._floor_turns = 0
         self._volume = np.bincount(self._features.ravel(), minlength=width).astype(float)
         self._keys = list(keys)
         self._rows = {key: row for row, key in enumerate(self._keys)}
@@ -184,11 +186,14 @@ class PairModel:
         return self._keys[int(rows[int(np.argmin(predicted))])]
 
     def propose_floor(self, share: float, temperature_scale: float = 1.0) -> Key | None:
-        """Thompson sampling inside the region furthest below its floor (``TpeOptions.floor_share``).
+        """A config in the region furthest below its floor (``TpeOptions.floor_share``).
 
         Regions are the value and pair-cell features; a region's floor is ``share`` times its
-        fraction of the valid configs times the configs measured or outstanding so far. ``None``
-        when no region with an available config is below its floor (or before two measurements).
+        fraction of the valid configs times the configs measured or outstanding so far. Turns
+        alternate between Thompson sampling inside the region and the most promising (posterior
+        mean) available one-knob neighbour, inside the region, of its best measured configs (a
+        climb, so a region found only through a poor config is still climbed). ``None`` when no
+        region with an available config is below its floor (or before two measurements).
         """
         if len(self._ys) < 2 or not self._available.any():
             return None
@@ -201,12 +206,33 @@ class PairModel:
         cell = int(np.argmax(deficit))
         if deficit[cell] <= 0:
             return None
-        rows = np.flatnonzero(self._available & (self._features == cell).any(axis=1))
+        in_cell = (self._features == cell).any(axis=1)
+        self._floor_turns += 1
+        if self._floor_turns % 2 == 0:
+            key = self._climb(in_cell)
+            if key is not None:
+                return key
+        rows = np.flatnonzero(self._available & in_cell)
         mean, root = self._posterior()
         noise = self._temperature * temperature_scale
         weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))
         predicted = self._predict(weights, rows)
         return self._keys[int(rows[int(np.argmin(predicted))])]
+
+    def _climb(self, in_cell: Any, bases: int = 3) -> Key | None:
+        """The most promising available neighbour in the region of its ``bases`` best measured configs."""
+        learned = np.asarray(self._learned_rows)
+        mine = learned[in_cell[learned]]
+        if mine.size == 0:
+            return None
+        ys = np.asarray(self._ys)[in_cell[learned]]
+        fresh: dict[Key, None] = {}
+        for row in mine[np.argsort(ys, kind="stable")[:bases]]:
+            for key in self._enc.neighbours(self._keys[int(row)]):
+                near = self._rows.get(key)
+                if near is not None and self._available[near] and in_cell[near]:
+                    fresh[key] = None
+        return self.most_promising(list(fresh)) if fresh else None
 
     def most_promising(self, keys: Sequence[Key]) -> Key:
         """The key with the lowest posterior-mean prediction (the first before there is data)."""
