@@ -88,11 +88,11 @@ class TpeOptions:
     model_trend_prior: float = 16.0
     n_ei_candidates: int = 24
     random_share: float = 0.0
-    model_clip_quantile: float = 1.0
+    model_clip_quantile: float = 0.5
     stall_patience: int = 0
     local_niches: bool = False
-    floor_share: float = 0.0
-    floor_patience: int = 20
+    floor_share: float = 1.0
+    floor_patience: int = 10
 
     def __post_init__(self) -> None:
         shares = (self.model_share, self.local_share, self.random_share)
