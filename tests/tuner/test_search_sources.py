@@ -184,10 +184,10 @@ def test_the_diversity_floor_proposes_in_the_region_furthest_below_its_floor() -
     measured = [key for key in enc.all_keys() if enc.config(key)["tile"] == 8]
     for key in measured:
         fitted.add(key, bowl_ms(enc.config(key)))
-    key = fitted.propose_floor(0.5)
-    assert key is not None
-    assert key not in measured
-    assert enc.config(key)["tile"] != 8
+    proposed = fitted.propose_floor(0.5)
+    assert proposed is not None
+    assert proposed not in measured
+    assert enc.config(proposed)["tile"] != 8
     assert model(enc).propose_floor(0.5) is None  # before two measurements
 
 
