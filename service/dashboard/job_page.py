@@ -35,8 +35,8 @@ from tiletune.service.dashboard.job_charts import (
     format_duration,
     job_figures,
 )
-from tiletune.service.dashboard.jobs_list import job_chip, speedup
-from tiletune.service.dashboard.render import render, shape_url
+from tiletune.service.dashboard.jobs_list import job_chip
+from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Table, download, pick
 from tiletune.service.database import aware

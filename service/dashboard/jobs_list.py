@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JOB_STATES, MAX_DB_INT
-from tiletune.service.dashboard.render import render, shape_url
+from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, pick
 from tiletune.service.database import aware
@@ -44,11 +44,6 @@ _LIST_COLUMNS = (
     JobRow.default_ms,
     JobRow.updated_at,
 )
-
-
-def speedup(default_ms: float | None, best_ms: float | None) -> float | None:
-    """The default's time over the best's (``None`` when either is unknown)."""
-    return default_ms / best_ms if default_ms and best_ms else None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from tiletune.kernels import KernelSpec, all_kernels
 from tiletune.kernels.peaks import peak_fraction, peak_of
-from tiletune.service.dashboard.overview import median_speedups
+from tiletune.service.dashboard.overview import SPEEDUP, median_speedups
 from tiletune.service.dashboard.render import figure, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import (
@@ -55,7 +55,6 @@ router = APIRouter(include_in_schema=False)
 SelectT = TypeVar("SelectT", bound=Select[*tuple[Any, ...]])
 
 #: The columns the best-configs table sorts by, and the SQL each sorts on.
-SPEEDUP = (BestConfigRow.default_ms / BestConfigRow.median_ms).label("speedup")
 SORTS: dict[str, ColumnElement[Any] | InstrumentedAttribute[Any]] = {
     "shape": BestConfigRow.shape_key,
     "dtype": BestConfigRow.dtype,

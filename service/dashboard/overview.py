@@ -22,7 +22,7 @@ from sqlalchemy import Subquery, and_, func, select, true, union
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JOB_STATES
-from tiletune.service.dashboard.render import render, shape_url
+from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
 from tiletune.service.database import aware
@@ -33,6 +33,8 @@ router = APIRouter(include_in_schema=False)
 #: How many promotions and workers the overview lists.
 NEWEST = 10
 WORKERS_SHOWN = 50
+#: A best config's speedup over the default rule, computed in SQL.
+SPEEDUP = (BestConfigRow.default_ms / BestConfigRow.median_ms).label("speedup")
 #: The chip column of jobs not bound to a chip yet and open to any.
 ANY_CHIP = "*"
 
@@ -52,14 +54,13 @@ def median_speedups(kernel: str | None = None) -> Subquery:
     Taken in SQL: the cell's rows ranked by speedup in a window, the middle one (or the mean of
     the middle two) kept. ``kernel`` narrows it to one kernel's cells.
     """
-    speedup = (BestConfigRow.default_ms / BestConfigRow.median_ms).label("speedup")
     cell = (BestConfigRow.kernel, BestConfigRow.chip_id)
     ranked = (
         select(
             BestConfigRow.kernel,
             BestConfigRow.chip_id,
-            speedup,
-            func.row_number().over(partition_by=cell, order_by=speedup).label("rank"),
+            SPEEDUP,
+            func.row_number().over(partition_by=cell, order_by=SPEEDUP).label("rank"),
             func.count().over(partition_by=cell).label("n"),
         )
         .where(BestConfigRow.default_ms.is_not(None), BestConfigRow.median_ms > 0)
@@ -181,7 +182,7 @@ def promotions_table(session: Session) -> Table:
             "chip": chip,
             "median_ms": best,
             "previous_ms": previous,
-            "speedup": default / best if default and best else None,
+            "speedup": speedup(default, best),
             "promoted_at": aware(when),
         }
         for kernel, shape_key, dtype, chip, best, default, previous, when in rows

@@ -76,6 +76,11 @@ def format_when(value: datetime | None) -> str:
 SPEEDUP_BOUNDS = (0.95, 1.02, 1.1, 1.3, 1.7, 2.5)
 
 
+def speedup(default_ms: float | None, best_ms: float | None) -> float | None:
+    """The default's time over the best's (``None`` when either is unknown)."""
+    return default_ms / best_ms if default_ms and best_ms else None
+
+
 def speedup_class(value: float | None) -> str:
     """The CSS class colouring a speedup over the default ('speedup-none' when unknown)."""
     if value is None or not math.isfinite(value):

@@ -42,7 +42,7 @@ from tiletune.service.dashboard.kernel_page import (
     stale_reason,
     throughput,
 )
-from tiletune.service.dashboard.render import LOG_AXIS, figure, render, shape_url
+from tiletune.service.dashboard.render import LOG_AXIS, figure, render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
 from tiletune.service.database import aware
@@ -148,7 +148,7 @@ def best_table(session: Session, key: Key) -> Table:
                 "best_ms": row.median_ms,
                 "default_config": row.default_config,
                 "default_ms": row.default_ms,
-                "speedup": row.default_ms / row.median_ms if row.default_ms and row.median_ms else None,
+                "speedup": speedup(row.default_ms, row.median_ms),
                 "gflops": rates.gflops,
                 "gbps": rates.gbps,
                 "peak_fraction": rates.peak_fraction,
@@ -223,7 +223,7 @@ def history_table(rows: list[Any]) -> Table:
             "median_ms": row.median_ms,
             "previous_ms": row.previous_ms,
             "default_ms": row.default_ms,
-            "speedup": row.default_ms / row.median_ms if row.default_ms and row.median_ms else None,
+            "speedup": speedup(row.default_ms, row.median_ms),
             "config": row.config,
             "job": job_link(row.job_id),
         }
