@@ -12,7 +12,9 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
   replaces a key's best only when the key has none or the entry is faster, and a best
   measured on this server (by a job) only with ``force``; it is recorded in the history
   like a promotion (no job);
-- :func:`best_configs` is a chip's bulk export in one query; :func:`exact_public` one key.
+- :func:`best_configs` is a chip's bulk export in one query; :func:`exact_public` one key;
+- :func:`nearest_best` (nearest tuned shapes on one chip) and :func:`other_chips_best` (the same
+  key on other chips) are what a new job's search is warm-started from.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.fleet import chip_by_name, chip_limits, newest_software_id, software_row
-from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow
+from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import best_public, history_point
 
@@ -249,6 +251,46 @@ def nearest_best(
     ).all()
     categorical = {dim.name for dim in spec.dims if dim.categorical}
     return nearest(shape, ((row.shape, row.shape_key, row) for row in rows), categorical, k)
+
+
+def other_chips_best(
+    session: Session, key: JobKey, *, chips: int, per_chip: int
+) -> dict[str, list[dict[str, Any]]]:
+    """The fastest configs of ``key`` (same kernel version, shape, dtype) on up to ``chips`` other chips.
+
+    Per chip name: its best config, then the configs of the fastest measured search trials of the
+    job that found it, up to ``per_chip`` in all, fastest first. Chips of the same kind as the
+    key's come first, then the most recently promoted: a new chip starts from what its nearest
+    relatives found, whose best region is often near its own.
+    """
+    kind = session.scalar(select(ChipRow.kind).where(ChipRow.id == key.chip_id))
+    rows = session.execute(
+        select(BestConfigRow, ChipRow.name)
+        .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
+        .where(
+            BestConfigRow.kernel == key.kernel,
+            BestConfigRow.kernel_version == key.kernel_version,
+            BestConfigRow.shape_key == key.shape_key,
+            BestConfigRow.dtype == key.dtype,
+            BestConfigRow.chip_id != key.chip_id,
+        )
+        .order_by((ChipRow.kind == kind).desc(), BestConfigRow.promoted_at.desc(), BestConfigRow.id)
+        .limit(chips)
+    ).all()
+    found: dict[str, list[dict[str, Any]]] = {}
+    for row, chip in rows:
+        fastest = [row.config]
+        if row.job_id is not None and per_chip > 1:
+            fastest += session.scalars(
+                select(TrialRow.config)
+                .where(
+                    TrialRow.job_id == row.job_id, TrialRow.phase == "search", TrialRow.state == "measured"
+                )
+                .order_by(TrialRow.median_ms, TrialRow.id)
+                .limit(per_chip)
+            ).all()
+        found[chip] = fastest
+    return found
 
 
 def history(

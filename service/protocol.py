@@ -73,9 +73,14 @@ from tiletune.service.trials import (
 from tiletune.service.views import job_public, worker_public
 from tiletune.tuner.finalists import finalists, judge
 from tiletune.tuner.search import Search
+from tiletune.tuner.warm_start import interleave_seeds
 
 #: Nearest tuned shapes whose best configs seed a new job's search.
 WARM_START_NEIGHBOURS = 3
+#: Other chips whose fastest configs of the same key seed a new job's search (after the shapes')
+#: and how many of each chip's (interleaved best first: :func:`~tiletune.tuner.warm_start.interleave_seeds`).
+WARM_START_CHIPS = 2
+WARM_START_PER_CHIP = 4
 
 
 class WorkerProtocol:
@@ -241,7 +246,8 @@ class WorkerProtocol:
     def _search(self, session: Session, job: JobRow) -> Search:
         """The job's search (hold its lock): the one in memory if current, else rebuilt from its trials.
 
-        A job without trials yet is warm-started from the nearest tuned shapes' best configs.
+        A job without trials yet is warm-started from the nearest tuned shapes' best configs on its
+        chip, then from the best configs of its key on other chips (``WARM_START_CHIPS``).
         """
         found = self.searches.cached(job)
         if found is not None:
@@ -253,9 +259,11 @@ class WorkerProtocol:
         def warm_start() -> list[Config]:
             spec, shape, k = lookup_kernel(job.kernel), dict(job.shape), WARM_START_NEIGHBOURS + 1
             neighbours = configs.nearest_best(session, spec, shape, dtype=job.dtype, chip_id=chip_id, k=k)
-            return [row.config for _, row in neighbours if row.shape_key != job.shape_key][
-                :WARM_START_NEIGHBOURS
-            ]
+            shapes = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
+            chips = configs.other_chips_best(
+                session, JobKey.of(job), chips=WARM_START_CHIPS, per_chip=WARM_START_PER_CHIP
+            )
+            return shapes[:WARM_START_NEIGHBOURS] + interleave_seeds(chips, WARM_START_PER_CHIP)
 
         return self.searches.rebuild(session, job, limits, self.db.clock(), warm_start)
 

@@ -11,12 +11,24 @@ come after the ``top`` best.
 A base key found with no usable neighbour is never looked at again (keys only
 ever become unusable).
 
+Two options (:class:`~tiletune.tuner.strategy.TpeOptions`, ``local_optima`` and
+``local_pairs``) change which keys are looked at:
+
+- ``optima``: the bases are the best measured keys that no measured one-knob
+  neighbour beats (local optima of what was measured), not the best keys overall. A flat
+  basin of near-equal configs then counts as one base, not eight, and the other
+  basins are climbed too. :meth:`LocalSearch.learn` must be told every success.
+- ``pairs``: once the best key's one-knob neighbourhood is exhausted (it is a local
+  optimum of one-knob moves), the model's turns also look at its two-knob neighbours: a
+  better config two knobs away is found without a slower config in between.
+
 Imports :mod:`tiletune.tuner.encoding` and :mod:`tiletune.tuner.surrogate` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from itertools import product
 
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.surrogate import PairModel
@@ -25,11 +37,30 @@ from tiletune.tuner.surrogate import PairModel
 class LocalSearch:
     """Neighbours of the best configs; see the module docstring for the contract."""
 
-    def __init__(self, enc: Encoding, top: int) -> None:
+    def __init__(self, enc: Encoding, top: int, *, optima: bool = False, pairs: bool = False) -> None:
         self._enc = enc
         self._top = top
+        self._optima = optima
+        self._pairs = pairs
         self._explored: set[Key] = set()
         self._turns = 0
+        self._times: dict[Key, float] = {}
+        self._beaten: set[Key] = set()
+        self._pair_pool: tuple[Key, list[Key]] | None = None
+
+    def learn(self, key: Key, time_ms: float) -> None:
+        """Take a successful measurement: a key with a faster measured one-knob neighbour is beaten."""
+        if not self._optima:
+            return
+        self._times[key] = time_ms
+        for near in self._enc.neighbours(key):
+            other = self._times.get(near)
+            if other is None:
+                continue
+            if other < time_ms:
+                self._beaten.add(key)
+            elif time_ms < other:
+                self._beaten.add(near)
 
     def propose(
         self,
@@ -45,8 +76,7 @@ class LocalSearch:
         self._turns += 1
         guided = model is not None and self._turns % 2 == 0
         fresh: dict[Key, None] = {}
-        bases = dict.fromkeys([key for _, _, key in ranked[: self._top]] + list(niches))
-        for base in bases:
+        for base in dict.fromkeys([*self._bases(ranked), *niches]):
             if base in self._explored:
                 continue
             mine = [key for key in self._enc.neighbours(base) if usable(key)]
@@ -55,6 +85,36 @@ class LocalSearch:
             elif not guided:
                 return mine[0]
             fresh.update(dict.fromkeys(mine))
+        if guided and self._pairs and ranked and ranked[0][2] in self._explored:
+            fresh.update(dict.fromkeys(key for key in self._pair_neighbours(ranked[0][2]) if usable(key)))
         if not fresh or model is None:
             return None
         return model.most_promising(list(fresh))
+
+    def _bases(self, ranked: Sequence[tuple[float, int, Key]]) -> list[Key]:
+        """The ``top`` keys to climb from: the best ones, or with ``optima`` the best unbeaten ones."""
+        if not self._optima:
+            return [key for _, _, key in ranked[: self._top]]
+        bases: list[Key] = []
+        for _, _, key in ranked:
+            if key not in self._beaten and key not in self._explored:
+                bases.append(key)
+                if len(bases) == self._top:
+                    break
+        return bases
+
+    def _pair_neighbours(self, key: Key) -> list[Key]:
+        """Keys that differ from ``key`` in exactly two knobs (kept for the last key asked)."""
+        if self._pair_pool is None or self._pair_pool[0] != key:
+            pool: list[Key] = []
+            free = self._enc.free
+            for a, i in enumerate(free):
+                for j in free[a + 1 :]:
+                    others_i = [v for v in range(self._enc.sizes[i]) if v != key[i]]
+                    others_j = [v for v in range(self._enc.sizes[j]) if v != key[j]]
+                    for vi, vj in product(others_i, others_j):
+                        near = list(key)
+                        near[i], near[j] = vi, vj
+                        pool.append(tuple(near))
+            self._pair_pool = (key, pool)
+        return self._pair_pool[1]

@@ -154,7 +154,12 @@ class Search:
         self._model = self._make_model(seed)
         self._schedule = Schedule(self._options.shares(has_model=self._model is not None))
         self._record = Record(min_improvement)
-        self._local = LocalSearch(self._enc, self._options.local_top)
+        self._local = LocalSearch(
+            self._enc,
+            self._options.local_top,
+            optima=self._options.local_optima,
+            pairs=self._options.local_pairs,
+        )
         self._pending: dict[int, _Pending] = {}
         self._pending_keys: set[Key] = set()
         self._told: set[int] = set()
@@ -403,6 +408,7 @@ class Search:
 
     def _record_time(self, key: Key, time_ms: float) -> None:
         self._record.add_time(key, time_ms)
+        self._local.learn(key, time_ms)
         if self._model is not None:
             self._model.add(key, time_ms)
 

@@ -11,7 +11,7 @@ three sources of proposals, all recorded as trials of one study:
   Thompson sampling from it picks the best unmeasured valid config of the
   whole space (finds the good regions, not only the basin of the best config so far);
 - *local search*: the most promising (by the model) unmeasured valid neighbour
-  (one knob changed) of the best configs so far (finishes a region off);
+  (one knob changed) of the best local optima so far (finishes a region off);
 - Optuna's multivariate TPE (constant liar; its acquisition is masked so that
   it proposes new valid configs only, :mod:`tiletune.tuner.sampler`).
 
@@ -71,7 +71,14 @@ class TpeOptions:
       Thompson draw prefers and to the most promising neighbour (inside the region)
       of its best measured configs: a region the model wrote off from a few bad
       configs is still looked at and climbed, so a needle in a slow region is not
-      left out for good.
+      left out for good;
+    - ``local_optima``: local search climbs from the best *local optima* of what was
+      measured (configs no measured one-knob neighbour beats), not from the best configs
+      overall: a flat basin of near-equal configs is one base, not ``local_top`` of them,
+      so the turns go to other basins too (:mod:`tiletune.tuner.neighbourhood`);
+    - ``local_pairs``: once the best config is a local optimum of one-knob moves (its
+      neighbours are all measured), the model's local turns also rank its two-knob
+      neighbours, so a better config two knobs away is reached without a slower one between.
 
     The model needs the valid space enumerated (knob product at most
     ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search
@@ -93,6 +100,8 @@ class TpeOptions:
     local_niches: bool = False
     floor_share: float = 1.0
     floor_patience: int = 10
+    local_optima: bool = True
+    local_pairs: bool = False
 
     def __post_init__(self) -> None:
         shares = (self.model_share, self.local_share, self.random_share)

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from tiletune.tuner.encoding import Config
 
 
-def interleave_seeds(best_by_chip: Mapping[str, Sequence[Config]], per_chip: int) -> list[Config]:
+def interleave_seeds(best_by_chip: Mapping[str, Sequence[Mapping[str, int]]], per_chip: int) -> list[Config]:
     """Up to ``per_chip`` best configs of each chip, round-robin, first occurrence kept."""
     if per_chip < 0:
         raise ValueError(f"per_chip: must be at least 0, got {per_chip}")

@@ -432,6 +432,29 @@ def test_a_new_shape_starts_from_the_default_and_the_nearest_tuned_best(client: 
     assert first_two == [leased["job"]["default_config"], tuned]
 
 
+def test_a_new_chip_starts_from_the_default_and_the_best_of_the_same_key_on_other_chips(
+    client: TestClient,
+) -> None:
+    first = register(client, "first")
+    submit(client, shapes=[{"n": 65536}])
+    leased = lease(client, first)
+    assert leased is not None
+    tuned_job = work_job(client, leased["token"])
+    tuned = tuned_job["progress"]["best_config"]
+    trials = client.get(f"/v1/jobs/{tuned_job['id']}/trials").json()
+    measured = [t for t in trials if t["phase"] == "search" and t["state"] == "measured"]
+    fastest = [t["config"] for t in sorted(measured, key=lambda t: t["median_ms"])]
+    other_chip = {**CHIP, "name": "cpu/Other Chip (AVX2)/2c"}
+    second = register(client, "second", chip=other_chip)
+    submit(client, shapes=[{"n": 65536}], chips=[other_chip["name"]])
+    leased = lease(client, second)
+    assert leased is not None
+    default = leased["job"]["default_config"]
+    seeds = [task["config"] for task in ask(client, leased["token"], 4)["tasks"]]
+    assert seeds[:2] == [default, tuned]
+    assert seeds[2:] == [config for config in fastest if config not in (default, tuned)][:2]
+
+
 def test_one_sweep_may_tune_several_kernels(client: TestClient) -> None:
     sweep = submit(
         client,

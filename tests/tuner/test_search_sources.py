@@ -199,3 +199,47 @@ def test_a_floor_keeps_the_contract_and_finds_the_optimum() -> None:
     assert search.best(1)[0][0] == {"tile": 8, "buffers": 2, "depth": 2}
     with pytest.raises(ValueError, match="floor_share"):
         TpeOptions(floor_share=1.5)
+
+
+def test_local_search_on_optima_climbs_another_basin_not_the_best_ones_slower_neighbours() -> None:
+    """(0, 1) is beaten by its neighbour (0, 0); (3, 3) is beaten by none, so it is the next base."""
+    enc = Encoding({"a": [0, 1, 2, 3], "b": [0, 1, 2, 3]})
+    times: dict[Key, float] = {(0, 0): 1.0, (0, 1): 1.1, (3, 3): 2.0}
+    ranked = sorted((t, order, key) for order, (key, t) in enumerate(times.items()))
+    best_neighbourhood = {*times, *enc.neighbours((0, 0))}
+    usable = lambda key: key not in best_neighbourhood  # noqa: E731
+    plain = LocalSearch(enc, top=2)
+    on_optima = LocalSearch(enc, top=2, optima=True)
+    for key, time_ms in times.items():
+        plain.learn(key, time_ms)
+        on_optima.learn(key, time_ms)
+    assert plain.propose(ranked, usable, None) in set(enc.neighbours((0, 1)))
+    assert on_optima.propose(ranked, usable, None) in set(enc.neighbours((3, 3)))
+
+
+def test_local_search_with_pairs_looks_two_knobs_away_once_the_best_is_a_local_optimum() -> None:
+    enc = Encoding({"a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "c": [0, 1]})
+    fitted = model(enc)
+    best: Key = (0, 0, 0)
+    one_knob = set(enc.neighbours(best))
+    for key in (best, *one_knob):
+        fitted.add(key, 1.0 if key == best else 2.0)
+    usable = lambda key: key != best and key not in one_knob  # noqa: E731
+    ranked = [(1.0, 0, best)]
+    for pairs in (False, True):
+        local = LocalSearch(enc, top=1, pairs=pairs)
+        assert local.propose(ranked, usable, fitted) is None  # a sweep: no one-knob neighbour is left
+        proposed = local.propose(ranked, usable, fitted)  # the model's turn
+        if not pairs:
+            assert proposed is None
+        else:
+            assert proposed is not None
+            assert sum(a != b for a, b in zip(proposed, best, strict=True)) == 2
+
+
+def test_local_search_on_optima_with_pairs_keeps_the_contract_and_finds_the_optimum() -> None:
+    options = TpeOptions(local_optima=True, local_pairs=True)
+    search = Search(SearchSpace(KNOBS, lambda config: None), seed=4, options=options)
+    asked = run(search)
+    assert len({tuple(c.values()) for c in asked}) == len(asked) == 72
+    assert search.best(1)[0][0] == {"tile": 8, "buffers": 2, "depth": 2}
