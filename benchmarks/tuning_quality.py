@@ -36,6 +36,7 @@ from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import Shape
 from tiletune.kernels.vendor import vendor_op
 from tiletune.tuner.bench import BenchSettings, KernelBench, measure_interleaved
+from tiletune.tuner.search import TpeOptions
 from tiletune.tuner.tune import TracePoint, TuneOptions, tune
 
 COMPUTE_BOUND = ("matmul", "fused_attention")
@@ -116,7 +117,14 @@ FULL = Plan(
 
 
 def measure_key(
-    kernel: str, shape: Shape, dtype: str, plan: Plan, *, seed: int, family: str
+    kernel: str,
+    shape: Shape,
+    dtype: str,
+    plan: Plan,
+    *,
+    seed: int,
+    family: str,
+    tpe: TpeOptions | None = None,
 ) -> dict[str, Any]:
     """Tune, sweep exhaustively and compare interleaved for one (kernel, shape, dtype).
 
@@ -128,7 +136,8 @@ def measure_key(
     device = get_device("cpu")
     space_size = len(spec.space(shape, dtype, device.chip.limits))
     trials = max(8, math.floor(TUNE_FRACTION * space_size))
-    tuned = tune(spec, shape, dtype, device, TuneOptions(trials=trials, seed=seed, bench=plan.tune_bench))
+    tune_options = TuneOptions(trials=trials, seed=seed, bench=plan.tune_bench, tpe=tpe)
+    tuned = tune(spec, shape, dtype, device, tune_options)
     # The tuned best goes first, so configs that cannot win are pruned from the start.
     grid_options = TuneOptions(strategy="grid", bench=plan.grid_bench, seeds=(tuned.best_config,))
     grid = tune(spec, shape, dtype, device, grid_options)
@@ -222,6 +231,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--kernels", nargs="*", default=None, help="only these kernels")
     parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     parser.add_argument("--seed", type=int, default=0, help="search seed (default 0)")
+    parser.add_argument("--tpe-options", default="{}", help="JSON overrides of the search's TpeOptions")
     parser.add_argument(
         "--family",
         choices=("native", "portable"),
@@ -233,6 +243,10 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
     plan = QUICK if args.quick else FULL
+    try:
+        tpe = TpeOptions(**json.loads(args.tpe_options))
+    except (ValueError, TypeError) as error:
+        parser.error(f"--tpe-options: {error}")
     started = time.monotonic()
     keys = []
     for kernel, kernel_shapes in shapes.items():
@@ -240,7 +254,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             continue
         for shape in kernel_shapes:
             print(f"[{time.monotonic() - started:6.0f} s] {kernel} {shape}", file=sys.stderr, flush=True)
-            keys.append(measure_key(kernel, shape, args.dtype, plan, seed=args.seed, family=args.family))
+            keys.append(
+                measure_key(kernel, shape, args.dtype, plan, seed=args.seed, family=args.family, tpe=tpe)
+            )
     document = {
         "benchmark": "tuning_quality",
         "quick": args.quick,

@@ -22,7 +22,7 @@ from tiletune.kernels.spec import Config, KernelSpec, Shape
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
 from tiletune.tuner.finalists import finalists, judge
 from tiletune.tuner.replay import ReplaySpace
-from tiletune.tuner.search import Search, SearchSpace
+from tiletune.tuner.search import Search, SearchSpace, TpeOptions
 
 #: Called after each trial with (unique valid measurements so far, best time so far in ms).
 Progress = Callable[[int, float | None], None]
@@ -34,7 +34,8 @@ class TuneOptions:
 
     ``seeds`` are configs measured right after the default, before anything
     the strategy picks (a known good config gives the measurement's pruning
-    a good best from the start; invalid ones are skipped).
+    a good best from the start; invalid ones are skipped). ``tpe`` overrides
+    the ``tpe`` strategy's options (``None``: its defaults).
     """
 
     strategy: str = "tpe"
@@ -45,6 +46,7 @@ class TuneOptions:
     validate_top: int = 5
     bench: BenchSettings = field(default_factory=BenchSettings)
     seeds: tuple[Config, ...] = ()
+    tpe: TpeOptions | None = None
 
 
 @dataclass(frozen=True)
@@ -151,6 +153,7 @@ def _search(space: SearchSpace, options: TuneOptions) -> Search:
         max_trials=None if options.strategy == "grid" else options.trials,
         max_time_s=options.max_time_s,
         patience=options.patience,
+        options=options.tpe,
     )
 
 
