@@ -22,7 +22,6 @@ import json
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from itertools import combinations, product
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +39,7 @@ def one_knob(enc: Encoding, key: Key) -> Iterator[Key]:
 def two_knobs(enc: Encoding, key: Key) -> Iterator[Key]:
     """Keys that differ from ``key`` in one knob or two."""
     yield from enc.neighbours(key)
-    for i, j in combinations(enc.free, 2):
-        others_i = [v for v in range(enc.sizes[i]) if v != key[i]]
-        others_j = [v for v in range(enc.sizes[j]) if v != key[j]]
-        for vi, vj in product(others_i, others_j):
-            near = list(key)
-            near[i], near[j] = vi, vj
-            yield tuple(near)
+    yield from enc.pair_neighbours(key)
 
 
 def climb_ends(

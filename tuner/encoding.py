@@ -5,7 +5,7 @@ tuple of the values' indices in knob order (adjacent indices are adjacent
 values). :class:`Encoding` converts between configs, keys and the params of
 Optuna trials (an ``IntDistribution`` over the indices of each knob with more
 than one value), enumerates the knob product and walks a key's one-knob
-neighbours. It checks the knobs once (ints, distinct, non-empty) and raises
+neighbours and its two-knob ones. It checks the knobs once (ints, distinct, non-empty) and raises
 ``ValueError`` naming the knob; it knows nothing of constraints or times.
 
 Imports numpy, optuna's distributions and the standard library only.
@@ -82,6 +82,16 @@ class Encoding:
                 for position in (key[i] - distance, key[i] + distance):
                     if 0 <= position < self.sizes[i]:
                         yield (*key[:i], position, *key[i + 1 :])
+
+    def pair_neighbours(self, key: Key) -> Iterator[Key]:
+        """Keys that differ from ``key`` in exactly two knobs."""
+        for i, j in itertools.combinations(self.free, 2):
+            others_i = [v for v in range(self.sizes[i]) if v != key[i]]
+            others_j = [v for v in range(self.sizes[j]) if v != key[j]]
+            for vi, vj in itertools.product(others_i, others_j):
+                near = list(key)
+                near[i], near[j] = vi, vj
+                yield tuple(near)
 
 
 def check_knob(name: str, values: Sequence[int]) -> None:

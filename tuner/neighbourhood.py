@@ -28,7 +28,6 @@ Imports :mod:`tiletune.tuner.encoding` and :mod:`tiletune.tuner.surrogate` only.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from itertools import product
 
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.surrogate import PairModel
@@ -106,15 +105,5 @@ class LocalSearch:
     def _pair_neighbours(self, key: Key) -> list[Key]:
         """Keys that differ from ``key`` in exactly two knobs (kept for the last key asked)."""
         if self._pair_pool is None or self._pair_pool[0] != key:
-            pool: list[Key] = []
-            free = self._enc.free
-            for a, i in enumerate(free):
-                for j in free[a + 1 :]:
-                    others_i = [v for v in range(self._enc.sizes[i]) if v != key[i]]
-                    others_j = [v for v in range(self._enc.sizes[j]) if v != key[j]]
-                    for vi, vj in product(others_i, others_j):
-                        near = list(key)
-                        near[i], near[j] = vi, vj
-                        pool.append(tuple(near))
-            self._pair_pool = (key, pool)
+            self._pair_pool = (key, list(self._enc.pair_neighbours(key)))
         return self._pair_pool[1]
