@@ -4,9 +4,9 @@ Contract: a *config* maps every knob to one of its values; its *key* is the
 tuple of the values' indices in knob order (adjacent indices are adjacent
 values). :class:`Encoding` converts between configs, keys and the params of
 Optuna trials (an ``IntDistribution`` over the indices of each knob with more
-than one value), enumerates the knob product and walks a key's one-knob
-neighbours and its two-knob ones. It checks the knobs once (ints, distinct, non-empty) and raises
-``ValueError`` naming the knob; it knows nothing of constraints or times.
+than one value), enumerates the knob product and walks a key's one-knob and
+two-knob neighbours. It checks the knobs once (ints, distinct, non-empty) and
+raises ``ValueError`` naming the knob; it knows nothing of constraints or times.
 
 Imports numpy, optuna's distributions and the standard library only.
 """
