@@ -27,7 +27,7 @@ Imports :mod:`tiletune.tuner.encoding` and :mod:`tiletune.tuner.surrogate` only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tiletune.tuner.encoding import Encoding, Key
 from tiletune.tuner.surrogate import PairModel
@@ -43,18 +43,20 @@ class LocalSearch:
         self._pairs = pairs
         self._explored: set[Key] = set()
         self._turns = 0
-        self._times: dict[Key, float] = {}
         self._beaten: set[Key] = set()
         self._pair_pool: tuple[Key, list[Key]] | None = None
 
-    def learn(self, key: Key, time_ms: float) -> None:
-        """Take a successful measurement: a key with a faster measured one-knob neighbour is beaten."""
-        if not self._optima:
+    def learn(self, key: Key, outcomes: Mapping[Key, float | str]) -> None:
+        """Take a success of ``outcomes`` (the search's record: times, or errors of failures).
+
+        ``key`` is beaten when a measured one-knob neighbour is faster; a slower one is beaten by it.
+        """
+        time_ms = outcomes[key]
+        if not self._optima or isinstance(time_ms, str):
             return
-        self._times[key] = time_ms
         for near in self._enc.neighbours(key):
-            other = self._times.get(near)
-            if other is None:
+            other = outcomes.get(near)
+            if other is None or isinstance(other, str):
                 continue
             if other < time_ms:
                 self._beaten.add(key)

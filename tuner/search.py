@@ -408,7 +408,7 @@ class Search:
 
     def _record_time(self, key: Key, time_ms: float) -> None:
         self._record.add_time(key, time_ms)
-        self._local.learn(key, time_ms)
+        self._local.learn(key, self._record.outcomes)
         if self._model is not None:
             self._model.add(key, time_ms)
 

@@ -179,11 +179,7 @@ class PairModel:
         rows = np.flatnonzero(self._available)
         if rows.size == 0 or len(self._ys) < 2:
             return None
-        mean, root = self._posterior()
-        noise = self._temperature * temperature_scale
-        weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))
-        predicted = self._predict(weights, rows)
-        return self._keys[int(rows[int(np.argmin(predicted))])]
+        return self._draw(rows, temperature_scale)
 
     def propose_floor(self, share: float, temperature_scale: float = 1.0) -> Key | None:
         """A config in the region furthest below its floor (``TpeOptions.floor_share``).
@@ -213,6 +209,10 @@ class PairModel:
             if key is not None:
                 return key
         rows = np.flatnonzero(self._available & in_cell)
+        return self._draw(rows, temperature_scale)
+
+    def _draw(self, rows: Any, temperature_scale: float) -> Key:
+        """The config at ``rows`` with the lowest prediction under one posterior draw of the weights."""
         mean, root = self._posterior()
         noise = self._temperature * temperature_scale
         weights = mean + noise * (root @ self._rng.standard_normal(len(mean)))

@@ -210,9 +210,9 @@ def test_local_search_on_optima_climbs_another_basin_not_the_best_ones_slower_ne
     usable = lambda key: key not in best_neighbourhood  # noqa: E731
     plain = LocalSearch(enc, top=2)
     on_optima = LocalSearch(enc, top=2, optima=True)
-    for key, time_ms in times.items():
-        plain.learn(key, time_ms)
-        on_optima.learn(key, time_ms)
+    for key in times:
+        plain.learn(key, times)
+        on_optima.learn(key, times)
     assert plain.propose(ranked, usable, None) in set(enc.neighbours((0, 1)))
     assert on_optima.propose(ranked, usable, None) in set(enc.neighbours((3, 3)))
 
