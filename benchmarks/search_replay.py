@@ -7,7 +7,9 @@ valid measurements, failures included): the fraction of the optimum reached
 (optimum time / best time found), median and worst seed, and how many seeds
 reach ``REACH`` (0.97); and, per run, the area under the best-so-far curve with
 the budget on a log axis from the smallest to the largest budget
-(``tiletune.tuner.quality.log_auc``: one figure per run). ``tpe`` is compared
+(``tiletune.tuner.quality.log_auc``: one figure per run); and the budget each seed
+needed to first reach ``REACH`` (``to_reach``, % of the valid space; ``null`` when it
+did not within the largest budget). ``tpe`` is compared
 with ``random`` at the median and at the worst seed of every budget. Also
 reports the cost per ask (mean, and over the last 10 % of asks) and wall time.
 
@@ -55,11 +57,13 @@ from typing import Any
 import optuna
 
 from tiletune.tuner.quality import (
+    budget_needed,
     budget_trials,
     choose_leave_one_device_out,
     device_of,
     fraction_at,
     log_auc,
+    trials_to_reach,
 )
 from tiletune.tuner.replay import ReplaySpace, load_replay, replay_spaces
 from tiletune.tuner.search import STRATEGIES, Config, Search, TpeOptions
@@ -152,6 +156,7 @@ def summarize_strategy(space: ReplaySpace, runs: list[Run], budgets: Sequence[fl
         }
     first, last = (budget_trials(space.valid_count, pct) for pct in (min(budgets), max(budgets)))
     aucs = [log_auc(run.history, space.optimum_ms, first, last) for run in runs]
+    needed = [trials_to_reach(run.history, space.optimum_ms, REACH) for run in runs]
     asks = [s for run in runs for s in run.ask_s]
     tail = [s for run in runs for s in run.ask_s[len(run.ask_s) * 9 // 10 :]]
     return {
@@ -162,6 +167,7 @@ def summarize_strategy(space: ReplaySpace, runs: list[Run], budgets: Sequence[fl
             "worst": round(min(aucs), 4),
             "per_seed": [round(a, 4) for a in aucs],
         },
+        "to_reach": budget_needed(needed, space.valid_count),
         "ask_ms_mean": round(1000 * statistics.mean(asks), 3),
         "ask_ms_last_tenth": round(1000 * statistics.mean(tail), 3),
         "wall_s_per_run": round(statistics.mean(run.wall_s for run in runs), 2),
@@ -234,10 +240,11 @@ def lodo_score(summary: dict[str, Any]) -> float:
 
 
 def _brief(summary: dict[str, Any]) -> dict[str, Any]:
-    """``tpe``'s median, worst and seeds reaching ``REACH`` per budget, and its AUC (median, worst)."""
+    """``tpe``'s median, worst and seeds reaching ``REACH`` per budget; its AUC and ``to_reach``."""
     ours = summary["strategies"]["tpe"]
     brief: dict[str, Any] = {b: [f["median"], f["worst"], f["reached"]] for b, f in ours["fraction"].items()}
-    return {**brief, "auc": [ours["auc"]["median"], ours["auc"]["worst"]]}
+    auc, needed = ours["auc"], ours["to_reach"]
+    return {**brief, "auc": [auc["median"], auc["worst"]], "to_reach": [needed["median"], needed["worst"]]}
 
 
 def _pct(pct: float) -> str:

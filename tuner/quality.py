@@ -15,6 +15,10 @@ Contract:
   fraction when every doubling of the budget weighs the same (1 = the optimum
   from the first budget on). The curve is a step function of the measurement
   count and is integrated exactly.
+- :func:`trials_to_reach` is the number of measurements after which a run first
+  reaches a fraction of the optimum (``None`` if it never does): the budget a seed
+  needed, so the tail of a search reads as "the worst seed needed N measurements";
+  :func:`budget_needed` summarises it over seeds, in % of the valid space.
 - :func:`device_of` names the device of a recorded space from its file name
   (``<kernel>_<device>``, e.g. ``gemm_RTX_3090`` -> ``RTX_3090``; device names
   in the files are not reliable, one is empty).
@@ -29,7 +33,9 @@ Imports the standard library only.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 
 def budget_trials(valid_count: int, pct: float) -> int:
@@ -43,6 +49,40 @@ def fraction_at(history: Sequence[float], trials: int, optimum_ms: float) -> flo
         return 0.0
     best = history[min(trials, len(history)) - 1]
     return optimum_ms / best if math.isfinite(best) else 0.0
+
+
+def trials_to_reach(history: Sequence[float], optimum_ms: float, reach: float) -> int | None:
+    """Measurements after which the best so far first reaches ``reach`` of the optimum, or ``None``.
+
+    Raises ``ValueError`` unless ``0 < reach <= 1``.
+    """
+    if not 0.0 < reach <= 1.0:
+        raise ValueError(f"reach: must be in (0, 1], got {reach}")
+    for trials, best in enumerate(history, start=1):
+        if math.isfinite(best) and optimum_ms / best >= reach:
+            return trials
+    return None
+
+
+def budget_needed(needed: Sequence[int | None], valid_count: int) -> dict[str, Any]:
+    """Per seed the % of the valid space measured before it first reached (``trials_to_reach``).
+
+    ``median`` and ``worst`` are over the seeds, a seed that never reached counting as
+    infinite; a statistic (or seed) that is infinite is shown as ``None``. Raises
+    ``ValueError`` for no seeds.
+    """
+    if not needed:
+        raise ValueError("needed: no seeds")
+    pcts = [math.inf if n is None else 100.0 * n / valid_count for n in needed]
+
+    def shown(pct: float) -> float | None:
+        return round(pct, 2) if math.isfinite(pct) else None
+
+    return {
+        "median": shown(statistics.median(pcts)),
+        "worst": shown(max(pcts)),
+        "per_seed": [shown(pct) for pct in pcts],
+    }
 
 
 def log_auc(history: Sequence[float], optimum_ms: float, first: int, last: int) -> float:

@@ -7,11 +7,13 @@ import math
 import pytest
 
 from tiletune.tuner.quality import (
+    budget_needed,
     budget_trials,
     choose_leave_one_device_out,
     device_of,
     fraction_at,
     log_auc,
+    trials_to_reach,
 )
 
 INF = math.inf
@@ -51,6 +53,25 @@ def test_log_auc_at_one_budget_is_the_fraction_there_and_bad_ranges_are_errors()
         log_auc([1.0], 1.0, 5, 2)
     with pytest.raises(ValueError, match="1 <= first"):
         log_auc([1.0], 1.0, 0, 2)
+
+
+def test_trials_to_reach_is_the_first_measurement_at_the_fraction_or_none() -> None:
+    history = [INF, 4.0, 2.0, 1.03, 1.0]
+    assert trials_to_reach(history, 1.0, 0.97) == 4
+    assert trials_to_reach(history, 1.0, 1.0) == 5
+    assert trials_to_reach(history, 1.0, 0.25) == 2
+    assert trials_to_reach(history[:3], 1.0, 0.97) is None
+    assert trials_to_reach([], 1.0, 0.5) is None
+    with pytest.raises(ValueError, match="reach"):
+        trials_to_reach(history, 1.0, 0.0)
+
+
+def test_budget_needed_counts_a_seed_that_never_reached_as_the_worst() -> None:
+    assert budget_needed([10, 30, 20], 1000) == {"median": 2.0, "worst": 3.0, "per_seed": [1.0, 3.0, 2.0]}
+    assert budget_needed([10, None, 20], 1000) == {"median": 2.0, "worst": None, "per_seed": [1.0, None, 2.0]}
+    assert budget_needed([None, None, 5], 1000)["median"] is None
+    with pytest.raises(ValueError, match="no seeds"):
+        budget_needed([], 1000)
 
 
 def test_device_of_a_space_name_is_all_after_the_kernel() -> None:
