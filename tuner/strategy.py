@@ -78,7 +78,8 @@ class TpeOptions:
       so the turns go to other basins too (:mod:`tiletune.tuner.neighbourhood`);
     - ``local_pairs``: once the best config is a local optimum of one-knob moves (its
       neighbours are all measured), the model's local turns also rank its two-knob
-      neighbours, so a better config two knobs away is reached without a slower one between.
+      neighbours, so a better config two knobs away is reached without a slower one between
+      (on by default: leave-one-device-out chose it for every device, see the README).
 
     The model needs the valid space enumerated (knob product at most
     ``ENUMERATE_LIMIT``); without it, its share goes to TPE and local search
@@ -101,7 +102,7 @@ class TpeOptions:
     floor_share: float = 1.0
     floor_patience: int = 10
     local_optima: bool = True
-    local_pairs: bool = False
+    local_pairs: bool = True
 
     def __post_init__(self) -> None:
         shares = (self.model_share, self.local_share, self.random_share)
