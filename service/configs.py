@@ -23,6 +23,7 @@ import dataclasses
 import hmac
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -279,9 +280,9 @@ def other_chips_best(
     ).all()
     found: dict[str, list[dict[str, Any]]] = {}
     for row, chip in rows:
-        fastest = [row.config]
+        trials: Sequence[dict[str, Any]] = ()
         if row.job_id is not None and per_chip > 1:
-            fastest += session.scalars(
+            trials = session.scalars(
                 select(TrialRow.config)
                 .where(
                     TrialRow.job_id == row.job_id, TrialRow.phase == "search", TrialRow.state == "measured"
@@ -289,7 +290,7 @@ def other_chips_best(
                 .order_by(TrialRow.median_ms, TrialRow.id)
                 .limit(per_chip)
             ).all()
-        found[chip] = fastest
+        found[chip] = [row.config, *(config for config in trials if config != row.config)][:per_chip]
     return found
 
 
