@@ -171,7 +171,7 @@ class AsyncConfigClient:
             if misses is None or self._api is None:
                 return misses is None
             try:
-                await self._api.send(misses_call(misses))
+                await self._api.send(self.core.report_call(misses_call(misses)))
             except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
                 if not self.core.misses.failed(misses, error):
                     return False
@@ -186,7 +186,7 @@ class AsyncConfigClient:
         if stats is None or self._api is None:
             return True
         try:
-            await self._api.send(stats_call(stats))
+            await self._api.send(self.core.report_call(stats_call(stats)))
         except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
             self.core.answers.failed(stats, error)
             return False

@@ -1,19 +1,26 @@
 """Every ``/v1`` call as data, how an answer is judged, and the one set of errors a call raises.
 
-A :class:`Call` is a request (method, path, query, JSON body, timeout) with the decoder of
-its answer; the twins of :mod:`tiletune.client.api` send calls, nothing here does I/O. The
-functions below build each call of the REST API once, for both twins.
+A :class:`Call` is a request (method, path, query, JSON body, deadline, cap on its answer)
+with the decoder of its answer; the twins of :mod:`tiletune.client.api` send calls, nothing
+here does I/O. The functions below build each call of the REST API once, for both twins.
+
+Bounds of a call: ``timeout_s`` is the whole exchange's (connecting, sending, waiting, reading
+the last byte), not one read's; ``max_bytes`` caps its answer's body as decoded (a gzip body
+inflated), counted while it arrives: the call gives up past it. ``None``: the twin's defaults
+(:data:`~tiletune.client.api.DEFAULT_DEADLINE_S`, :data:`MAX_ANSWER_BYTES`). The bulk export
+is capped at :data:`MAX_BUNDLE_BYTES`, a lookup and the reports at :data:`MAX_SMALL_ANSWER_BYTES`.
 
 Errors (one set, for every caller):
 
-- :class:`ServerUnreachableError`: no answer (connection refused, DNS, timeout);
+- :class:`ServerUnreachableError`: no answer (connection refused, DNS, timeout), or no
+  complete answer by the call's deadline;
 - :class:`ServerRefusedError`: an error status, with the server's ``code``, ``message`` and
   ``field`` when it sent an :class:`~tiletune.client.wire.ErrorBody`; ``status >= 500`` is
   the server's fault (worth retrying), anything below the caller's;
 - :class:`LeaseLostError` (a :class:`ServerRefusedError`): 409 ``lease_lost`` — the lease
   ended; write nothing more under its token;
 - :class:`UnexpectedAnswerError`: a success whose body is not the expected document (not a
-  tiletune server, or one of another major version).
+  tiletune server, or one of another major version), or an answer larger than the call's cap.
 
 Imports httpx, pydantic and the wire schemas only.
 """
@@ -45,6 +52,7 @@ from tiletune.client.wire import (
     ReleaseCreate,
     SweepCreate,
     SweepPublic,
+    SweepSummaryPublic,
     TellCreate,
     TellPublic,
     TokenCreate,
@@ -73,6 +81,17 @@ def redacted(text: str) -> str:
 
 #: The longest reason a release carries (the server's limit).
 MAX_RELEASE_REASON = 2000
+
+#: The most bytes (decoded) of an answer to a call that names no cap: a sweep of the server's
+#: 10,000 jobs at most is about 10 MiB, a page of a listing less.
+MAX_ANSWER_BYTES = 64 << 20
+#: The most bytes (decoded) of a lookup's or a report's answer: a lookup answer (one entry, its
+#: config, software and knob values, all bounded by the wire schemas) is a few KiB, a miss report's
+#: answer (the ids of the jobs it queued, 10,000 at most) under 200 KiB.
+MAX_SMALL_ANSWER_BYTES = 1 << 20
+#: The most bytes (decoded) of a bulk export: a bundle entry is under 1 KiB of JSON, so this holds
+#: a chip's 250,000 configs and more.
+MAX_BUNDLE_BYTES = 256 << 20
 
 
 class ApiError(Exception):
@@ -117,7 +136,11 @@ class UnexpectedAnswerError(ApiError):
 
 @dataclass(frozen=True)
 class Call(Generic[R]):
-    """One request and the decoder of its (successful) answer."""
+    """One request and the decoder of its (successful) answer.
+
+    ``timeout_s``: seconds the whole exchange may take; ``max_bytes``: the most bytes of its
+    answer, decoded (see the module docstring; ``None``: the twin's defaults).
+    """
 
     method: str
     path: str
@@ -126,6 +149,7 @@ class Call(Generic[R]):
     body: BaseModel | None = None
     timeout_s: float | None = None
     headers: Mapping[str, str] | None = None
+    max_bytes: int | None = None
 
     def request_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of ``httpx.Client.request`` for this call."""
@@ -194,6 +218,21 @@ def document_or_none(model: type[Document]) -> Callable[[httpx.Response], Docume
     return lambda response: None if response.status_code == 204 else decode(response)
 
 
+def listing(model: type[Document], what: str) -> Callable[[httpx.Response], list[Document]]:
+    """A decoder of a JSON list of ``model`` (``what`` names it in the error); as :func:`document`."""
+    adapter = TypeAdapter(list[model])  # type: ignore[valid-type]
+
+    def decode(response: httpx.Response) -> list[Document]:
+        try:
+            decoded: list[Document] = adapter.validate_json(response.content)
+        except ValueError:
+            where = redacted(str(response.request.url))
+            raise UnexpectedAnswerError(f"{where} answered something that is not {what}") from None
+        return decoded
+
+    return decode
+
+
 def nothing(_response: httpx.Response) -> None:
     """The decoder of a call whose answer body is not needed."""
 
@@ -211,23 +250,44 @@ def sweep(sweep_id: int) -> Call[SweepPublic]:
     return Call("GET", f"/v1/sweeps/{sweep_id}", document(SweepPublic))
 
 
+def sweeps(limit: int = 50, before: int | None = None) -> Call[list[SweepSummaryPublic]]:
+    """``GET /v1/sweeps?limit=[&before=]``: a page of sweeps, newest first, their jobs counted.
+
+    The next page: ``before=`` the last one's id; a page shorter than ``limit`` is the last.
+    """
+    params = {"limit": limit, **({"before": before} if before is not None else {})}
+    return Call("GET", "/v1/sweeps", listing(SweepSummaryPublic, "a sweep list"), params)
+
+
 def job(job_id: int) -> Call[JobPublic]:
     """``GET /v1/jobs/{id}``."""
     return Call("GET", f"/v1/jobs/{job_id}", document(JobPublic))
 
 
 def lookup(
-    kernel: str, *, shape: str, dtype: str, chip: str, match: str, timeout_s: float | None = None
+    kernel: str,
+    *,
+    shape: str,
+    dtype: str,
+    chip: str,
+    match: str,
+    timeout_s: float | None = None,
+    max_bytes: int = MAX_SMALL_ANSWER_BYTES,
 ) -> Call[LookupPublic]:
     """``GET /v1/configs/{kernel}?shape=&dtype=&chip=&match=``."""
     params = {"shape": shape, "dtype": dtype, "chip": chip, "match": match}
-    return Call("GET", f"/v1/configs/{kernel}", document(LookupPublic), params, timeout_s=timeout_s)
+    path = f"/v1/configs/{kernel}"
+    return Call("GET", path, document(LookupPublic), params, timeout_s=timeout_s, max_bytes=max_bytes)
 
 
-def configs(chip: str, kernel: str | None = None, timeout_s: float | None = None) -> Call[ConfigBundle]:
+def configs(
+    chip: str, kernel: str | None = None, timeout_s: float | None = None, max_bytes: int = MAX_BUNDLE_BYTES
+) -> Call[ConfigBundle]:
     """``GET /v1/configs?chip=[&kernel=]``: the bulk export of a chip's best configs."""
     params = {"chip": chip, **({"kernel": kernel} if kernel else {})}
-    return Call("GET", "/v1/configs", document(ConfigBundle), params, timeout_s=timeout_s)
+    return Call(
+        "GET", "/v1/configs", document(ConfigBundle), params, timeout_s=timeout_s, max_bytes=max_bytes
+    )
 
 
 #: An entity tag as RFC 9110 writes it (``"abc"``, ``W/"abc"``), or a bare token some servers send.
@@ -249,7 +309,11 @@ class BundleAnswer:
 
 
 def configs_since(
-    chip: str, kernel: str | None, timeout_s: float | None, etag: str | None
+    chip: str,
+    kernel: str | None,
+    timeout_s: float | None,
+    etag: str | None,
+    max_bytes: int = MAX_BUNDLE_BYTES,
 ) -> Call[BundleAnswer]:
     """``GET /v1/configs`` with ``If-None-Match: etag`` (when given): :class:`BundleAnswer`.
 
@@ -265,17 +329,25 @@ def configs_since(
     params = {"chip": chip, **({"kernel": kernel} if kernel else {})}
     sendable = usable_etag(etag)
     headers = {"If-None-Match": sendable} if sendable is not None else None
-    return Call("GET", "/v1/configs", decode, params, timeout_s=timeout_s, headers=headers)
+    return Call(
+        "GET", "/v1/configs", decode, params, timeout_s=timeout_s, headers=headers, max_bytes=max_bytes
+    )
 
 
-def report_misses(misses: MissesCreate, timeout_s: float | None = None) -> Call[MissesPublic]:
+def report_misses(
+    misses: MissesCreate, timeout_s: float | None = None, max_bytes: int = MAX_SMALL_ANSWER_BYTES
+) -> Call[MissesPublic]:
     """``POST /v1/misses``."""
-    return Call("POST", "/v1/misses", document(MissesPublic), body=misses, timeout_s=timeout_s)
+    decode = document(MissesPublic)
+    return Call("POST", "/v1/misses", decode, body=misses, timeout_s=timeout_s, max_bytes=max_bytes)
 
 
-def report_client_stats(stats: ClientStatsCreate, timeout_s: float | None = None) -> Call[ClientStatsPublic]:
+def report_client_stats(
+    stats: ClientStatsCreate, timeout_s: float | None = None, max_bytes: int = MAX_SMALL_ANSWER_BYTES
+) -> Call[ClientStatsPublic]:
     """``POST /v1/client-stats``: the answers a client served itself since its last report."""
-    return Call("POST", "/v1/client-stats", document(ClientStatsPublic), body=stats, timeout_s=timeout_s)
+    decode = document(ClientStatsPublic)
+    return Call("POST", "/v1/client-stats", decode, body=stats, timeout_s=timeout_s, max_bytes=max_bytes)
 
 
 def register(worker: WorkerCreate) -> Call[WorkerPublic]:
@@ -328,17 +400,7 @@ def create_token(request: TokenCreate) -> Call[TokenCreated]:
 
 def tokens() -> Call[list[TokenPublic]]:
     """``GET /v1/tokens`` (admin): every token, without secrets."""
-    listing = TypeAdapter(list[TokenPublic])
-
-    def decode(response: httpx.Response) -> list[TokenPublic]:
-        try:
-            return listing.validate_json(response.content)
-        except ValueError:
-            raise UnexpectedAnswerError(
-                f"{response.request.url} answered something that is not a token list"
-            ) from None
-
-    return Call("GET", "/v1/tokens", decode)
+    return Call("GET", "/v1/tokens", listing(TokenPublic, "a token list"))
 
 
 def revoke_token(token_id: int) -> Call[TokenPublic]:

@@ -22,9 +22,12 @@ No network I/O here (the clients do it); the rules:
   default; a bad key's default too) is counted by match (:mod:`tiletune.client.answers`:
   one C call on the launch path) and reported with the misses, off the launch path
   (``POST /v1/client-stats``; never again to a server without that route).
-- The server is backed off after a failure (no answer, 5xx, an answer that is not the
-  API's: an HTML page, another schema, a body that does not decode): ``backoff_s``,
-  doubling up to ``max_backoff_s``; one success resets it.
+- The server is backed off after a failure (no answer, no complete answer within the
+  request's bound, 5xx, an answer that is not the API's: an HTML page, another schema, a
+  body that does not decode or is larger than its cap): ``backoff_s``, doubling up to
+  ``max_backoff_s``; one success resets it. Every request is bounded in time (in all, not
+  per read) and in the bytes of its answer (:class:`ClientSettings`), so a launch waits at
+  most ``timeout_s`` for a new key whatever the server does.
 - Nothing is served unchecked (:mod:`tiletune.client.knobs`): an entry of a bundle, of
   the disk cache or of a lookup is taken only if its config passes the check against the
   kernel's knobs (the bundle's :class:`~tiletune.client.wire.KernelInfo`; the lookup's
@@ -52,10 +55,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeVar
 
 from tiletune.client import calls
 from tiletune.client.answers import AnswerTally
@@ -76,6 +79,7 @@ from tiletune.client.wire import (
 
 log = logging.getLogger("tiletune.client")
 
+R = TypeVar("R")
 MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
 #: The default config of (kernel, shape, dtype, chip name); may raise (the client falls back to ``{}``).
 DefaultRule = Callable[[str, Mapping[str, int], str, str], Mapping[str, int]]
@@ -109,17 +113,30 @@ class Tiling:
 
 @dataclass
 class ClientSettings:
-    """Timeouts and back-off of the server, caching and miss reporting.
+    """Bounds and back-off of the server, caching and miss reporting.
 
-    ``timeout_s`` bounds one request on the launch path (connect included);
-    ``prefetch_timeout_s`` the bulk request. ``cache_dir`` ``None`` turns the
-    disk cache off. ``kernel_versions`` pins the versions this process runs;
-    ``kernel_version`` and ``default_rule`` are handed over by ``tiletune.kernels``
+    Each request is bounded in all, from connecting to the last byte of its answer (not per
+    read), and its answer in bytes, as decoded (a gzip body inflated), counted as it arrives;
+    past either the request gives up and counts as the server being away (the launch falls
+    back, the server is backed off):
+
+    - ``timeout_s``: a lookup on the launch path (a launch waits at most this for a new key);
+    - ``prefetch_timeout_s``: a bulk export (``prefetch`` and each refresh);
+    - ``report_timeout_s``: a miss or stats report (off the launch path; ``close`` waits for
+      the last ones);
+    - ``max_answer_bytes``: a lookup's or a report's answer (a lookup answer is a few KiB);
+    - ``max_bundle_bytes``: a bulk export (an entry is under 1 KiB: 256 MiB hold 250,000).
+
+    ``cache_dir`` ``None`` turns the disk cache off. ``kernel_versions`` pins the versions this
+    process runs; ``kernel_version`` and ``default_rule`` are handed over by ``tiletune.kernels``
     (``client_settings()``); see the module docstring.
     """
 
     timeout_s: float = 0.25
     prefetch_timeout_s: float = 30.0
+    report_timeout_s: float = 5.0
+    max_answer_bytes: int = calls.MAX_SMALL_ANSWER_BYTES
+    max_bundle_bytes: int = calls.MAX_BUNDLE_BYTES
     backoff_s: float = 1.0
     max_backoff_s: float = 60.0
     cache_dir: Path | None = field(default_factory=default_cache_dir)
@@ -380,14 +397,22 @@ class ClientCore:
             chip=self.chip,
             match="nearest",
             timeout_s=self.settings.timeout_s,
+            max_bytes=self.settings.max_answer_bytes,
         )
 
     def bulk_call(self, kernel: str | None) -> Call[BundleAnswer]:
         """The bulk export of this chip's configs (optionally one kernel's), conditional on the
         ETag of the bundle last taken of that scope."""
+        settings = self.settings
+        etag = self.etags.get(kernel)
         return calls.configs_since(
-            self.chip, kernel, self.settings.prefetch_timeout_s, self.etags.get(kernel)
+            self.chip, kernel, settings.prefetch_timeout_s, etag, settings.max_bundle_bytes
         )
+
+    def report_call(self, call: Call[R]) -> Call[R]:
+        """A miss or stats report's ``call`` within the settings' bounds of a report."""
+        settings = self.settings
+        return replace(call, timeout_s=settings.report_timeout_s, max_bytes=settings.max_answer_bytes)
 
     def take_answer(self, answer: BundleAnswer, kernel: str | None) -> int:
         """Take a bulk export's answer: how many configs arrived (0 for a ``304``: the bundle

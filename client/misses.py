@@ -6,9 +6,12 @@ Contract (:class:`MissLedger`, thread-safe, no I/O: the clients send the reports
   oldest are dropped beyond); a key the server refuses is never counted again;
 - ``take`` hands the counts over as one :class:`~tiletune.client.wire.MissesCreate` (and
   forgets them); a key the wire cannot carry is dropped, logged once: it never raises;
-- ``failed`` accounts for a report that failed: a refusal naming one entry (422
-  ``misses[i]...``) drops that key for good and keeps the others (to be sent at once);
-  a failure worth retrying keeps them all for the next report; another refusal drops them.
+- ``failed`` accounts for a report that failed: a refusal naming one entry's key (422
+  ``misses[i].kernel``, ``.shape...``, ``.dtype`` or the entry itself) drops that key for good
+  and keeps the others (to be sent at once), so one key the server will not take never costs
+  the others; one naming an entry's ``count`` or ``match`` drops that entry's counts only; one
+  naming an entry's ``chip`` (every entry's) drops the report, no key remembered; a failure
+  worth retrying keeps them all for the next report; another refusal drops them.
 """
 
 from __future__ import annotations
@@ -106,25 +109,42 @@ class MissLedger:
         """Account for a report that failed.
 
         A refusal naming one entry (422 ``misses[i]...``: a kernel, shape or dtype the server
-        does not take) drops that key for good and keeps the others for the next report; another
-        failure worth retrying (no answer, 5xx, 408, 429, an answer that is not the API's, any
-        other exception) keeps the misses for the next report; another refusal (4xx) drops them,
-        logged: sending the same batch again would be refused again. ``True`` when the others
-        may be sent at once (an entry was dropped, others remain).
+        does not take) drops that key for good (its ``count`` or ``match``: that entry's counts
+        only) and keeps the others for the next report; one naming an entry's ``chip`` drops the
+        report (every entry has that chip); another failure worth retrying (no answer, 5xx, 408,
+        429, an answer that is not the API's, any other exception) keeps the misses for the next
+        report; another refusal (4xx) drops them, logged: sending the same batch again would be
+        refused again. ``True`` when the others may be sent at once (an entry was dropped, others
+        remain).
         """
         named = _MISS_FIELD.match(error.field or "") if isinstance(error, ServerRefusedError) else None
         if named is not None and int(named.group(1)) < len(misses.misses):
-            refused = misses.misses[int(named.group(1))]
             assert isinstance(error, ServerRefusedError)
-            self._warn_once(
-                ("miss refused", refused.kernel, error.code, _MISS_FIELD.sub("misses[]", error.field or "")),
-                "tiletune server refused the miss of %s %s %s (%s); such keys are not reported again",
-                refused.kernel,
-                refused.shape,
-                refused.dtype,
-                error,
-            )
-            self.refuse((refused.kernel, tuple(refused.shape.items()), refused.dtype))
+            refused = misses.misses[int(named.group(1))]
+            part = (error.field or "")[named.end() :]
+            if part.startswith(".chip"):
+                self._warn_once(
+                    ("miss chip refused", error.code),
+                    "tiletune server refused this client's chip in a miss report (%s); %d keys dropped",
+                    error,
+                    len(misses.misses),
+                )
+                return False
+            if not part.startswith((".count", ".match")):
+                self._warn_once(
+                    (
+                        "miss refused",
+                        refused.kernel,
+                        error.code,
+                        _MISS_FIELD.sub("misses[]", error.field or ""),
+                    ),
+                    "tiletune server refused the miss of %s %s %s (%s); such keys are not reported again",
+                    refused.kernel,
+                    refused.shape,
+                    refused.dtype,
+                    error,
+                )
+                self.refuse((refused.kernel, tuple(refused.shape.items()), refused.dtype))
             others = [miss for miss in misses.misses if miss is not refused]
             self._give_back(MissesCreate.model_construct(misses=others))
             return bool(others)

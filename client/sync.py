@@ -191,7 +191,7 @@ class ConfigClient:
             if misses is None or self._api is None:
                 return misses is None
             try:
-                self._api.send(misses_call(misses))
+                self._api.send(self.core.report_call(misses_call(misses)))
             except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
                 if not self.core.misses.failed(misses, error):
                     return False
@@ -207,7 +207,7 @@ class ConfigClient:
         if stats is None or self._api is None:
             return True
         try:
-            self._api.send(stats_call(stats))
+            self._api.send(self.core.report_call(stats_call(stats)))
         except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
             self.core.answers.failed(stats, error)
             return False

@@ -71,8 +71,27 @@ Shape = Annotated[dict[Identifier, DimValue], Field(max_length=16)]
 Config = Annotated[dict[Identifier, DimValue], Field(max_length=32)]
 #: A package's version in a software fingerprint.
 Version = Annotated[str, Field(max_length=200), AfterValidator(_clean_text)]
-#: A software fingerprint: package -> version (``None``: not installed).
-Software = Annotated[dict[Identifier, Version | None], Field(max_length=32)]
+#: The most characters of a software fingerprint's text (:func:`software_text`; the store's column).
+MAX_SOFTWARE_TEXT = 1000
+
+
+def software_text(software: dict[str, str | None]) -> str:
+    """A software fingerprint as canonical JSON (sorted keys, ASCII): equal text means equal software."""
+    return json.dumps(software, sort_keys=True, separators=(",", ":"))
+
+
+def _storable_software(software: dict[str, str | None]) -> dict[str, str | None]:
+    """``software`` unless its text is longer than the store keeps (:data:`MAX_SOFTWARE_TEXT`)."""
+    if len(software_text(software)) > MAX_SOFTWARE_TEXT:
+        raise ValueError(f"the fingerprint's JSON text must be at most {MAX_SOFTWARE_TEXT} characters")
+    return software
+
+
+#: A software fingerprint: package -> version (``None``: not installed). Whoever takes one in
+#: (a worker's registration, an import) checks it against this one definition.
+Software = Annotated[
+    dict[Identifier, Version | None], Field(max_length=32), AfterValidator(_storable_software)
+]
 
 
 class JobState(StrEnum):
@@ -339,6 +358,29 @@ class SweepPublic(_Response):
     created_at: datetime
     counts: dict[str, int]
     jobs: list[JobPublic]
+
+
+#: ``GET /v1/sweeps``: sweeps a page holds unless ``limit`` says otherwise, and at most.
+SWEEPS_PAGE_DEFAULT = 50
+SWEEPS_PAGE_MAX = 1000
+
+
+class SweepSummaryPublic(_Response):
+    """A sweep as ``GET /v1/sweeps`` lists it: its jobs counted, by state (``counts``) and in
+    all (``job_count``), never embedded, so a page stays small however big its sweeps are.
+
+    ``jobs`` is always empty here; it stays so that clients of older releases, which read the
+    list as :class:`SweepPublic`, still parse it. ``GET /v1/sweeps/{id}`` lists a sweep's jobs.
+    """
+
+    id: int
+    name: str | None
+    kernels: list[str]
+    state: str
+    created_at: datetime
+    counts: dict[str, int]
+    job_count: int
+    jobs: list[JobPublic] = Field(default_factory=list, max_length=0)
 
 
 # -- workers and leases ----------------------------------------------------------------------------
@@ -636,7 +678,9 @@ class MissPublic(_Response):
 
 
 class MissesPublic(_Response):
-    """What a batch of misses did: keys counted, jobs queued by the server's policy."""
+    """What a batch of misses did: entries counted, and the demand jobs the server queued for the
+    batch's keys right after (possibly none: the demand budget may be spent, or a later pass queues
+    them; a key's ``job_id`` in ``GET /v1/misses`` shows its job)."""
 
     accepted: int
     queued_jobs: list[int]
@@ -644,8 +688,11 @@ class MissesPublic(_Response):
 
 # -- client stats: how clients answered their launches without asking the server ----------------
 
-#: The most answers of one kind a client reports at once (more wait for its next report).
-MAX_REPORTED_ANSWERS = 1_000_000_000
+#: The most answers of one kind a client reports at once (more wait for its next report). A client
+#: reports every ``miss_flush_s`` (5 s by default): this is 20 million launches a second, several
+#: times what a process's launch path serves, while it bounds what one report (and, with the
+#: reports' rate limit, one token) can add to the server's metrics.
+MAX_REPORTED_ANSWERS = 100_000_000
 
 #: A count of answers in a report.
 AnswerCount = Annotated[int, Strict(), Field(ge=0, le=MAX_REPORTED_ANSWERS)]
@@ -681,20 +728,38 @@ class ClientStatsPublic(_Response):
 
 
 class TokenCreate(_Request):
-    """A token to create (admin only): its role and a name people recognise it by."""
+    """A token to create (admin only): its role and a name people recognise it by.
+
+    ``chip`` binds a worker token to the one chip it may register and lease for; a worker token
+    created without it is bound to the chip of its first registration. ``*`` (:data:`ANY_CHIP`)
+    lets it work for every chip: for a fleet of several chips that shares one token, by an
+    admin's choice. Other roles take none.
+    """
 
     role: Role
     name: str = Field(default="token", min_length=1, max_length=200, pattern=r"^[\w .@:/+-]+$")
+    chip: Name | None = Field(
+        default=None, description="worker tokens: the only chip it may work for (`*`: every chip)"
+    )
+
+    @field_validator("chip")
+    @classmethod
+    def _chip_binds_workers(cls, chip: str | None, info: ValidationInfo) -> str | None:
+        if chip is not None and info.data.get("role") not in (None, Role.WORKER):
+            raise ValueError("only a worker token is bound to a chip")
+        return chip
 
 
 class TokenPublic(_Response):
-    """A token as listed: never its secret."""
+    """A token as listed: never its secret. ``chip``: the chip a worker token is bound to (``*``:
+    every chip; ``None`` until its first registration, and for other roles)."""
 
     id: int
     name: str
     role: str
     created_at: datetime
     revoked_at: datetime | None = None
+    chip: str | None = None
 
 
 class TokenCreated(TokenPublic):

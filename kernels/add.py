@@ -23,6 +23,7 @@ from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_na
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
     BUFFER_NUM,
+    FLOAT32_BYTES,
     PIPELINE_DEPTH,
     Config,
     DeviceLimits,
@@ -32,6 +33,7 @@ from tiletune.kernels.spec import (
     Shape,
     element_size,
     expect_inputs,
+    float32_copies,
     heuristic_tiling,
     snap_down,
     torch_dtype,
@@ -128,6 +130,16 @@ class AddSpec(KernelSpec):
     def bytes_moved(self, shape: Shape, dtype: str) -> float:
         """Read ``a`` and ``b``, write ``out``."""
         return 3.0 * shape["n"] * element_size(dtype)
+
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``a``, ``b`` and ``out``: ``n`` elements each."""
+        size = shape["n"] * element_size(dtype)
+        return {"a": size, "b": size, "out": size}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result, and its float32 copies of ``a`` and ``b`` (low precision)."""
+        n = shape["n"]
+        return {**float32_copies(dtype, a=n, b=n), "reference": n * FLOAT32_BYTES}
 
 
 SPEC = AddSpec()

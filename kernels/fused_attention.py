@@ -54,6 +54,7 @@ from tiletune.kernels.spec import (
     expect_inputs,
     expect_ndim,
     expect_size,
+    float32_copies,
     heuristic_tiling,
     pow2_floor,
     snap_down,
@@ -364,10 +365,23 @@ class FusedAttentionSpec(KernelSpec):
         b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
         return float(b * h * (2 * sq + 2 * skv) * d * element_size(dtype))
 
-    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
-        """Q, K, V and O, their float32 copies, and the reference's float32 score matrices (two)."""
-        b, h, sq, skv = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv"))
-        return super().allocated_bytes(shape, dtype) + 2.0 * b * h * sq * skv * 4
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``q`` and ``out`` (``batch x heads x seq_q x head_dim``), ``k`` and ``v`` (``... seq_kv ...``)."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        queries, keys = b * h * sq * d * element_size(dtype), b * h * skv * d * element_size(dtype)
+        return {"q": queries, "k": keys, "v": keys, "out": queries}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result, its two float32 score matrices (``seq_q x seq_kv`` per
+        batch and head: the scores, then the probabilities) and its float32 copies of q, k, v."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        scores = b * h * sq * skv * FLOAT32_BYTES
+        return {
+            **float32_copies(dtype, q=b * h * sq * d, k=b * h * skv * d, v=b * h * skv * d),
+            "scores": scores,
+            "probabilities": scores,
+            "reference": b * h * sq * d * FLOAT32_BYTES,
+        }
 
 
 SPEC = FusedAttentionSpec()

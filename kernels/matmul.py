@@ -41,6 +41,7 @@ from tiletune.kernels.spec import (
     expect_inputs,
     expect_ndim,
     expect_size,
+    float32_copies,
     heuristic_tiling,
     pow2_floor,
     snap_down,
@@ -176,6 +177,16 @@ class MatmulSpec(KernelSpec):
         """Read A and B once, write C once."""
         m, n, k = shape["m"], shape["n"], shape["k"]
         return float((m * k + k * n + m * n) * element_size(dtype))
+
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``a`` (m x k), ``b`` (k x n) and ``out`` (m x n)."""
+        m, n, k, size = shape["m"], shape["n"], shape["k"], element_size(dtype)
+        return {"a": m * k * size, "b": k * n * size, "out": m * n * size}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result (m x n), its float32 copies of ``a``, ``b`` (low precision)."""
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        return {**float32_copies(dtype, a=m * k, b=k * n), "reference": m * n * FLOAT32_BYTES}
 
 
 SPEC = MatmulSpec()

@@ -35,7 +35,8 @@ What a spec means:
   the search's seed hands it no knowledge of the optimum (Kernel Tuner records no default);
 - ``make_inputs``, ``reference``, ``run``: there is nothing to run; each raises
   :class:`NotRunnableError`. ``backends()`` is ``("replay",)``, ``supports(kind)`` is true
-  for the ``replay`` device kind alone; ``flops``, ``bytes_moved``, ``allocated_bytes`` are 0.
+  for the ``replay`` device kind alone; ``flops`` and ``bytes_moved`` are 0, and no tensor is
+  declared (``tensor_bytes`` and ``workspace_bytes`` are empty: ``allocated_bytes`` is 0).
 
 Loading is lazy: a spec knows its name and file from the directory listing, and parses the
 recording on first use of its knobs, validity or times (once per process; then cached).
@@ -207,9 +208,13 @@ class ReplayKernelSpec(KernelSpec):
         """Unknown to the recording: 0."""
         return 0.0
 
-    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
-        """Nothing is allocated to "measure" a replay kernel: 0."""
-        return 0.0
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """A recorded space has no tensors: none."""
+        return {}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """Nothing is allocated to "measure" a replay kernel: none."""
+        return {}
 
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0

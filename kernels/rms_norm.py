@@ -21,7 +21,7 @@ import torch
 from tiletune.kernels.native_spec import NATIVE_BACKEND, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.softmax import FLOAT32_BYTES, RowBuffers, RowKernelSpec, row_plan
-from tiletune.kernels.spec import Config, Shape, element_size, expect_ndim, expect_size
+from tiletune.kernels.spec import Config, Shape, element_size, expect_ndim, expect_size, float32_copies
 
 EPS = 1e-6
 
@@ -59,6 +59,20 @@ class RmsNormSpec(RowKernelSpec):
         weight = shape["cols"] if whole_rows else config["buffer_num"] * config["tile_cols"]
         stats = 2 * config["tile_rows"] * FLOAT32_BYTES
         return stats + weight * element_size(dtype) + self._scratch_bytes(config, dtype)
+
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``x`` and ``out`` (``rows x cols``), and the weight ``w`` (``cols``)."""
+        return {**super().tensor_bytes(shape, dtype), "w": shape["cols"] * element_size(dtype)}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result and one float32 intermediate (``rows x cols`` each), and its
+        float32 copies of ``x`` and ``w`` (low precision)."""
+        rows, cols = shape["rows"], shape["cols"]
+        return {
+            **float32_copies(dtype, x=rows * cols, w=cols),
+            "reference": rows * cols * FLOAT32_BYTES,
+            "reference_scratch": rows * cols * FLOAT32_BYTES,
+        }
 
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0

@@ -45,6 +45,7 @@ from tiletune.kernels.spec import (
     Shape,
     element_size,
     expect_inputs,
+    float32_copies,
     heuristic_tiling,
     snap_down,
     torch_dtype,
@@ -182,6 +183,16 @@ class RowKernelSpec(KernelSpec):
     def bytes_moved(self, shape: Shape, dtype: str) -> float:
         """Read ``x`` once, write the result once."""
         return 2.0 * shape["rows"] * shape["cols"] * element_size(dtype)
+
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``x`` and ``out``: ``rows x cols`` each."""
+        size = shape["rows"] * shape["cols"] * element_size(dtype)
+        return {"x": size, "out": size}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result, and its float32 copy of ``x`` (low precision)."""
+        elements = shape["rows"] * shape["cols"]
+        return {**float32_copies(dtype, x=elements), "reference": elements * FLOAT32_BYTES}
 
 
 @dataclass

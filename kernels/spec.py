@@ -12,6 +12,8 @@ A kernel declares, once and declaratively:
 - ``reference`` and ``make_inputs``: the correct answer for checking configs;
 - implementations per backend (``run``), in which every knob changes execution;
 - ``flops`` and ``bytes_moved`` for achieved GFLOP/s and GB/s;
+- ``tensor_bytes`` and ``workspace_bytes``: the bytes of each tensor of a call and of what
+  its bench holds besides, which bound the shapes a caller may name and a server may bench;
 - ``shape_of``: the shape of a call read from its tensors, which
   :func:`tiletune.kernels.launcher` needs (optional for plugins that are only tuned).
 
@@ -45,8 +47,24 @@ DTYPES: dict[str, torch.dtype] = dict(
     zip(wire.DTYPES, (torch.float32, torch.float16, torch.bfloat16), strict=True)
 )
 
-#: The largest product of a shape's dims a caller may ask for (guards memory).
-MAX_SHAPE_ELEMENTS = 1 << 34
+#: Bytes per element of float32, the dtype references compute in.
+FLOAT32_BYTES = 4
+
+#: The wire's widest dtype: :meth:`KernelSpec.parse_shape` counts a call's tensors in it, so
+#: whether a shape is a key never depends on its dtype (a lookup, a sweep and a miss report of
+#: one shape agree, whatever dtype each names).
+WIDEST_DTYPE = max(wire.DTYPES, key=lambda name: DTYPES[name].itemsize)
+
+#: The most bytes one tensor of a call may hold (1 TiB, counted in :data:`WIDEST_DTYPE`). It
+#: bounds what a call really allocates, tensor by tensor, never the product of every dim (a
+#: matmul's k, an attention's heads and head_dim are not allocated together): far above what one
+#: device holds today (a few hundred GiB of HBM; a CPU host's tensor of more than 1 TiB is rare),
+#: so every real shape of an LLM is a key, and small enough that byte counts, their sums over a
+#: kernel's tensors and the dims inside them stay far below the databases' 64-bit integers.
+#: What a bench may hold in all is the server's operational limit (``TILETUNE_MAX_SHAPE_BYTES``).
+MAX_TENSOR_BYTES = 1 << 40
+
+_BYTE_UNITS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB")
 
 
 def torch_dtype(name: str) -> torch.dtype:
@@ -67,7 +85,32 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 def element_size(dtype: str) -> int:
     """Bytes per element of a dtype name."""
-    return torch.empty((), dtype=torch_dtype(dtype)).element_size()
+    return torch_dtype(dtype).itemsize
+
+
+def float32_copies(dtype: str, **elements: int) -> dict[str, int]:
+    """The float32 copies a reference makes of tensors of ``dtype`` (``.float()``), by name.
+
+    ``elements`` gives each tensor's element count; the copies are named ``<name>_float32``.
+    None for float32 itself, where ``.float()`` is the tensor.
+    """
+    if element_size(dtype) >= FLOAT32_BYTES:
+        return {}
+    return {f"{name}_float32": count * FLOAT32_BYTES for name, count in elements.items()}
+
+
+def format_bytes(count: float) -> str:
+    """A byte count for people, in binary units: ``512 B``, ``1.5 GiB``, ``4.0 TiB``."""
+    unit = 0
+    while abs(count) >= 1024 and unit < len(_BYTE_UNITS) - 1:
+        count /= 1024
+        unit += 1
+    return f"{count:.0f} B" if unit == 0 else f"{count:.1f} {_BYTE_UNITS[unit]}"
+
+
+def _whole_bytes(count: float) -> int:
+    """A float byte count as whole bytes (rounded up); ``OverflowError``/``ValueError`` when not finite."""
+    return math.ceil(count)
 
 
 def parse_dims(text: str) -> dict[str, object]:
@@ -231,6 +274,16 @@ class KernelSpec(ABC):
       shape (it may still be invalid on an unusually small chip).
     - ``run`` returns the same result as ``reference`` (within ``tolerance``)
       for every valid config, including shapes the tiles do not divide.
+    - ``tensor_bytes`` names each tensor of one call (its inputs and its output)
+      with its bytes; a shape is a key only if each holds at most
+      :data:`MAX_TENSOR_BYTES` in :data:`WIDEST_DTYPE`. ``workspace_bytes`` names
+      what a bench holds besides (the reference's result, its float32 copies and
+      intermediates); ``allocated_bytes``, their sum, is what the server bounds a
+      sweep's shapes by (``TILETUNE_MAX_SHAPE_BYTES``). A spec that declares no
+      tensors (a plugin written before they were declared) is counted from its
+      ``bytes_moved``: its inputs and output as one tensor, ``inputs_and_output``
+      (conservative: the bound applies to their sum), and a ``reference`` of
+      ``bytes_moved`` in float32 (its float32 copies of the inputs, its float32 result).
     """
 
     name: str
@@ -243,7 +296,8 @@ class KernelSpec(ABC):
     # -- shapes and configs -------------------------------------------------
 
     def parse_shape(self, raw: Mapping[str, object]) -> Shape:
-        """Validate a shape: every dim present, no extras, positive integers, known choices."""
+        """Validate a shape: every dim present, no extras, known choices, sizes in ``[1, MAX_DIM]``,
+        and each tensor of a call within :data:`MAX_TENSOR_BYTES` (:meth:`check_tensor_bytes`)."""
         names = [d.name for d in self.dims]
         missing = [n for n in names if n not in raw]
         if missing:
@@ -261,11 +315,28 @@ class KernelSpec(ABC):
                     raise ShapeError(f"shape.{dim.name}", f"must be one of {list(dim.choices)}, got {value}")
             elif value <= 0:
                 raise ShapeError(f"shape.{dim.name}", f"must be a positive integer, got {value}")
+            elif value > wire.MAX_DIM:
+                raise ShapeError(f"shape.{dim.name}", f"must be at most {wire.MAX_DIM} (2^40), got {value}")
             shape[dim.name] = value
-        sizes = [shape[d.name] for d in self.dims if not d.categorical]
-        if math.prod(sizes) > MAX_SHAPE_ELEMENTS:
-            raise ShapeError("shape", f"{math.prod(sizes)} elements exceed the limit of {MAX_SHAPE_ELEMENTS}")
+        self.check_tensor_bytes(shape)
         return shape
+
+    def check_tensor_bytes(self, shape: Shape) -> None:
+        """Raise :class:`ShapeError` (field ``shape``) naming the tensor and its bytes when a tensor of
+        a call of ``shape`` would hold more than :data:`MAX_TENSOR_BYTES` in :data:`WIDEST_DTYPE`."""
+        try:
+            sizes = self.tensor_bytes(shape, WIDEST_DTYPE)
+        except (ArithmeticError, ValueError):  # a plugin's count too large for a float
+            raise ShapeError(
+                "shape", f"the tensors of {self.name} at this shape are too large to count"
+            ) from None
+        for name, size in sizes.items():
+            if size > MAX_TENSOR_BYTES:
+                raise ShapeError(
+                    "shape",
+                    f"tensor {name} would hold {format_bytes(size)} ({size} bytes in {WIDEST_DTYPE}, "
+                    f"the widest dtype); at most {format_bytes(MAX_TENSOR_BYTES)} per tensor",
+                )
 
     def knob_values(self, shape: Shape) -> dict[str, tuple[int, ...]]:
         """Candidate values of each knob for this shape (tile knobs clamped to their dim)."""
@@ -400,10 +471,33 @@ class KernelSpec(ABC):
     def bytes_moved(self, shape: Shape, dtype: str) -> float:
         """Bytes one call must read and write at least (for GB/s)."""
 
-    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
-        """Bytes a bench of ``shape`` holds at once: inputs, the output and the reference's result
-        (and its workspace where it needs one); the server bounds shapes by it.
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """Bytes of each tensor of one call, by name: its inputs and its output.
 
-        The default is the inputs and output twice over in float32 (the reference computes in it).
+        :meth:`parse_shape` refuses a shape in which one of them would hold more than
+        :data:`MAX_TENSOR_BYTES` (in :data:`WIDEST_DTYPE`). The default, for a spec that declares
+        none: the inputs and output as one tensor, ``inputs_and_output``, of :meth:`bytes_moved`.
         """
-        return 2.0 * self.bytes_moved(shape, dtype) * max(1, 4 // element_size(dtype))
+        return {"inputs_and_output": _whole_bytes(self.bytes_moved(shape, dtype))}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """Bytes of each tensor a bench holds besides the call's, by name: the reference's result,
+        the float32 copies it makes and its intermediates (the largest held at once).
+
+        Bounded at sweep time through :meth:`allocated_bytes`, never a key's validity: a
+        reference may need far more than the call (attention's score matrices). The default,
+        for a spec that declares none: ``reference``, :meth:`bytes_moved` in float32 (the
+        reference's float32 copies of the inputs and its float32 result).
+        """
+        widening = max(1, FLOAT32_BYTES // element_size(dtype))
+        return {"reference": _whole_bytes(self.bytes_moved(shape, dtype) * widening)}
+
+    def bench_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """Every tensor a bench of ``shape`` holds at once: :meth:`tensor_bytes`, then
+        :meth:`workspace_bytes`."""
+        return {**self.tensor_bytes(shape, dtype), **self.workspace_bytes(shape, dtype)}
+
+    def allocated_bytes(self, shape: Shape, dtype: str) -> float:
+        """Bytes a bench of ``shape`` holds at once: the sum of :meth:`bench_bytes` (the call's
+        inputs and output, the reference's result and workspace); the server bounds sweeps by it."""
+        return float(sum(self.bench_bytes(shape, dtype).values()))

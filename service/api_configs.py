@@ -76,7 +76,9 @@ def import_configs(
     _admin: AdminDep,
     force: Annotated[bool, Query(description="also replace bests measured on this server")] = False,
 ) -> dict[str, int]:
-    """Store an exported bundle (admins): its checksum, then every entry against its kernel and chip.
+    """Store an exported bundle (admins): every entry checked against its kernel and chip (its config
+    and default config valid there, its software as a worker registers it), then its checksum; a
+    refusal names the entry's field (``configs[3].software``) and changes nothing.
 
     An entry replaces a key's best only if the key has none or it is faster, and a best measured
     on this server only with ``force``.

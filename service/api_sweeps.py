@@ -13,10 +13,13 @@ from fastapi import APIRouter, Query
 from tiletune.client.wire import (
     JOB_STATES,
     MAX_DB_INT,
+    SWEEPS_PAGE_DEFAULT,
+    SWEEPS_PAGE_MAX,
     JobPublic,
     JobState,
     SweepCreate,
     SweepPublic,
+    SweepSummaryPublic,
     TrialPublic,
 )
 from tiletune.service import jobs
@@ -29,12 +32,14 @@ from tiletune.service.dependencies import (
     SubmitterDep,
 )
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.views import job_public, sweep_public, trial_public
+from tiletune.service.views import job_public, sweep_public, sweep_summaries, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
+SweepsLimit = Annotated[int, Query(ge=1, le=SWEEPS_PAGE_MAX)]
+Before = Annotated[int | None, Query(ge=1, le=MAX_DB_INT)]
 
 
 @router.post("/sweeps", status_code=201)
@@ -49,11 +54,21 @@ def submit_sweep(
 
 @router.get("/sweeps")
 def list_sweeps(
-    db: DatabaseDep, _reader: ReaderDep, limit: Limit = 50, offset: Offset = 0
-) -> list[SweepPublic]:
-    """Sweeps, newest first, with their jobs' states and progress."""
+    db: DatabaseDep,
+    _reader: ReaderDep,
+    limit: SweepsLimit = SWEEPS_PAGE_DEFAULT,
+    before: Before = None,
+    offset: Offset = 0,
+) -> list[SweepSummaryPublic]:
+    """A page of sweeps, newest first, each with its jobs counted by state (not the jobs themselves:
+    ``GET /v1/sweeps/{id}`` lists them).
+
+    ``limit``: sweeps per page (default 50, at most 1000). ``before``: only sweeps older than
+    that sweep id; the next page is ``before=`` the last id of this one, and a page shorter
+    than ``limit`` is the last. (``offset`` skips that many more, for older clients.)
+    """
     with db.read() as session:
-        return [sweep_public(session, sweep) for sweep in jobs.sweep_rows(session, limit, offset)]
+        return sweep_summaries(session, jobs.sweep_rows(session, limit, offset, before))
 
 
 @router.get("/sweeps/{sweep_id}")

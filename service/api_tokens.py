@@ -13,8 +13,9 @@ router = APIRouter(prefix="/v1", tags=["tokens"])
 
 @router.post("/tokens", status_code=201)
 def create_token(request: TokenCreate, tokens: TokensDep, _admin: AdminDep) -> TokenCreated:
-    """A new token of a role; the answer is the only place its secret appears."""
-    return tokens.create(request.role, request.name)
+    """A new token of a role (a worker's optionally bound to ``chip``); the answer is the only place
+    its secret appears."""
+    return tokens.create(request.role, request.name, request.chip)
 
 
 @router.get("/tokens")

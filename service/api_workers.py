@@ -6,7 +6,10 @@ so none in an access log), and ``/v1/leases/{token}/...`` with it in the path (k
 of earlier releases).
 
 Every route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
-that registered its worker (403 otherwise). A 409 with code ``lease_lost`` answers any write
+that registered its worker (403 otherwise). A worker token works for one chip: the one it was
+created for (``tiletune token create --role worker --chip NAME``), else the one it first
+registered; registering or leasing for another is 403 (an admin's token works for any).
+A 409 with code ``lease_lost`` answers any write
 under a lease that expired, ended or never existed; it changes nothing.
 """
 
@@ -40,7 +43,10 @@ router = APIRouter(prefix="/v1", tags=["workers"])
 
 @router.post("/workers", status_code=201)
 def register_worker(worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerDep) -> WorkerPublic:
-    """Register a worker with its chip (name, limits), backends and software, under the caller's token."""
+    """Register a worker with its chip (name, limits), backends and software, under the caller's token.
+
+    403 for a chip other than the worker token's own (its first registration binds an unbound one).
+    """
     return protocol.register(worker, caller)
 
 
@@ -53,7 +59,7 @@ def register_worker(worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerD
 def lease_job(request: LeaseCreate, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic | Response:
     """Lease the oldest job this worker's chip and backends can run (204 when there is none).
 
-    The worker must be one the caller's token registered (403 otherwise).
+    The worker must be one the caller's token registered, on the token's chip (403 otherwise).
     """
     lease = protocol.lease(request.worker_id, caller)
     return lease if lease is not None else Response(status_code=204)

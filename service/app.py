@@ -3,9 +3,10 @@
 Builds the engines, database, queue, searches, worker protocol and miss counter for the given
 settings (nothing at import time), mounts the ``/v1`` routers, turns every
 :class:`~tiletune.service.errors.ServiceError` and validation error into a
-JSON ``ErrorBody`` (validation errors name the field), refuses bodies over
-``max_body_bytes`` (413), and, while serving, returns the jobs of expired
-leases to the queue every ``reap_interval_s``.
+JSON ``ErrorBody`` (validation errors name the field; a 405 names the path's methods in
+``Allow``), guards request bodies (:mod:`tiletune.service.bodies`: a cap per route under
+``max_body_bytes``, a deadline, large ones checked off the event loop), and, while serving,
+returns the jobs of expired leases to the queue every ``reap_interval_s``.
 
 The schema is not created here: ``tiletune server`` runs the migrations
 first (:func:`tiletune.service.migrate.upgrade`).
@@ -15,26 +16,29 @@ from __future__ import annotations
 
 import gc
 import logging
-import math
+import re
 import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from sqlalchemy.exc import DisconnectionError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.routing import compile_path
 
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard
-from tiletune.service.auth import Tokens
+from tiletune.service.auth import Identity, Tokens
+from tiletune.service.bodies import BodyGuard, error_field_and_message, not_json_message
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
-from tiletune.service.errors import RateLimitedError, ServiceError, UnauthorizedError, UnavailableError
+from tiletune.service.dependencies import authenticate
+from tiletune.service.errors import ServiceError, UnavailableError, error_headers
 from tiletune.service.metrics import RequestTimer, ServiceMetrics
 from tiletune.service.misses import Misses, MissPolicy
 from tiletune.service.protocol import WorkerProtocol
@@ -52,12 +56,14 @@ ERRORS = {
     401: "no token, or an unknown or revoked one",
     403: "the token's role or owner does not allow it",
     404: "no such route or thing",
-    405: "the route has no such method",
+    405: "the route has no such method (``Allow`` names the path's methods)",
+    408: "the body did not arrive in time (body_timeout; the connection is closed)",
     409: "the request clashes with the state (lease_lost: the lease ended)",
-    413: "the body is over the size limit",
+    413: "the body is over a limit: its route's bytes, or its JSON's depth, keys, elements or values",
     422: "a field is invalid; ``field`` names it",
     500: "a bug in the server (internal_error: the exception's type; the server logs the rest)",
-    429: "too many requests of this kind from this token (see Retry-After)",
+    429: "too many requests of this kind from this token, or failed authentications from this "
+    "address (see Retry-After)",
     503: "the database cannot be reached now (database_unavailable; see Retry-After)",
 }
 
@@ -82,6 +88,8 @@ class Services:
     tokens: Tokens
     miss_limit: RateLimiter
     metrics: ServiceMetrics
+    #: Failed authentications by client address (``TILETUNE_AUTH_FAILURES_PER_S``, ``..._BURST``).
+    auth_failures: RateLimiter
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -97,7 +105,16 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         db,
         LeaseSettings(settings.lease_s, settings.heartbeat_s, settings.max_lease_failures),
     )
-    misses = Misses(db, MissPolicy(settings.miss_queue_threshold, settings.miss_trials))
+    misses = Misses(
+        db,
+        MissPolicy(
+            threshold=settings.miss_queue_threshold,
+            trials=settings.miss_trials,
+            jobs_per_chip_hour=settings.demand_jobs_per_chip_hour,
+            max_shape_bytes=settings.max_shape_bytes,
+            max_jobs_per_sweep=settings.max_jobs_per_sweep,
+        ),
+    )
     tokens = Tokens(db)
     metrics = ServiceMetrics(db, online_s=settings.lease_s)
     if settings.admin_token is not None and settings.admin_token.get_secret_value():
@@ -112,6 +129,7 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         tokens,
         RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
         metrics,
+        RateLimiter(settings.auth_failures_per_s, settings.auth_failure_burst),
     )
 
 
@@ -158,15 +176,49 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
     for router in routers:
         app.include_router(router)
     dashboard.mount(app)
+    app.state.path_methods = _path_methods(app, [*routers, *dashboard.ROUTERS])
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
         app.add_exception_handler(database_fault, _database_error)
-    app.add_middleware(BodyLimit, max_bytes=services.settings.max_body_bytes)
+
+    async def authenticate_caller(secret: str, address: str) -> Identity:
+        return await authenticate(services.tokens, services.auth_failures, secret, address)
+
+    app.add_middleware(
+        BodyGuard,
+        ceiling_bytes=services.settings.max_body_bytes,
+        timeout_s=services.settings.body_timeout_s,
+        authenticate=authenticate_caller,
+    )
     app.add_middleware(RequestTimer, metrics=services.metrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, made once: FastAPI's, with every error answer as it is sent.
+
+    Errors are JSON ``ErrorBody`` on every route (FastAPI would give a plain-text route, such
+    as ``/metrics``, its own media type for them too), and a 405 carries ``Allow``.
+    """
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    document = FastAPI.openapi(app)
+    error_body = {"$ref": "#/components/schemas/ErrorBody"}
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            for status, answer in operation.get("responses", {}).items():
+                if status.isdigit() and int(status) in ERRORS:
+                    answer["content"] = {"application/json": {"schema": error_body}}
+                if status == "405":
+                    answer["headers"] = {
+                        "Allow": {"description": "the path's methods", "schema": {"type": "string"}}
+                    }
+    app.openapi_schema = document
+    return document
 
 
 def _load_index(services: Services) -> None:
@@ -178,14 +230,23 @@ def _load_index(services: Services) -> None:
 
 
 def _reap_forever(services: Services, stop: threading.Event) -> None:
+    """Every ``reap_interval_s``: return expired leases' jobs to the queue, then run a demand pass
+    (the demand budget's hour slides on; keys whose live job ended become eligible)."""
     while not stop.wait(services.settings.reap_interval_s):
         try:
             reaped = services.protocol.reap()
         except Exception:
             log.exception("reaping expired leases failed; trying again")
-            continue
-        if reaped:
-            log.info("returned %d job(s) of expired leases to the queue", reaped)
+        else:
+            if reaped:
+                log.info("returned %d job(s) of expired leases to the queue", reaped)
+        try:
+            demanded = services.misses.plan_demand(wait=False)
+        except Exception:
+            log.exception("queueing demand jobs failed; trying again")
+        else:
+            if demanded:
+                log.info("queued %d demand job(s) for missed keys", len(demanded))
 
 
 def _error(
@@ -201,10 +262,7 @@ def _error(
 async def _service_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, ServiceError)
     body = ErrorBody(code=error.code, message=error.message, field=error.field)
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(error, UnauthorizedError) else None
-    if isinstance(error, RateLimitedError | UnavailableError):
-        headers = {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
-    return _error(request, body, error.status, headers)
+    return _error(request, body, error.status, error_headers(error) or None)
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:
@@ -227,10 +285,20 @@ async def _database_error(request: Request, error: Exception) -> Response:
 
 async def _validation_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, RequestValidationError)
-    first = error.errors()[0] if error.errors() else {"loc": (), "msg": "invalid request"}
-    field = field_path(first.get("loc", ()))
-    message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
-    return _error(request, ErrorBody(code="invalid", message=message, field=field), 422)
+    errors = error.errors()
+    first: dict[str, Any] = dict(errors[0]) if errors else {"loc": (), "msg": "invalid request"}
+    return _error(request, _invalid(first), 422)
+
+
+def _invalid(first: dict[str, Any]) -> ErrorBody:
+    """The 422 of a request's first validation error (a body that is not JSON says where it stops)."""
+    location = tuple(first.get("loc", ()))
+    if first.get("type") == "json_invalid":  # located at ("body", the byte where parsing stopped)
+        reason = str((first.get("ctx") or {}).get("error", first.get("msg")))
+        position = location[-1] if location and isinstance(location[-1], int) else 0
+        return ErrorBody(code="invalid", message=not_json_message(reason, position), field="body")
+    field, message = error_field_and_message(location, str(first.get("msg")))
+    return ErrorBody(code="invalid", message=message, field=field)
 
 
 #: Codes of the errors the framework raises itself (an unknown route, a method it has not).
@@ -241,72 +309,31 @@ async def _http_error(request: Request, error: Exception) -> Response:
     assert isinstance(error, StarletteHTTPException)
     code = HTTP_CODES.get(error.status_code, "http_error")
     body = ErrorBody(code=code, message=str(error.detail))
-    return _error(request, body, error.status_code, error.headers)
+    headers = dict(error.headers or {})
+    if error.status_code == 405:
+        headers["Allow"] = ", ".join(_methods_of(request))
+    return _error(request, body, error.status_code, headers or None)
 
 
-def field_path(location: Sequence[int | str]) -> str | None:
-    """A validation error's location as one path: ``("body", "shapes", 0, "n")`` -> ``shapes[0].n``."""
-    path = ""
-    for part in location:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part not in ("body", "query", "path", "header"):
-            path += f".{part}" if path else part
-    return path or None
+def _methods_of(request: Request) -> list[str]:
+    """The methods the request's path takes (sorted): those of the routes whose template is the
+    path itself (``/v1/configs/import``) if any, else of every route whose template matches it."""
+    path = request.url.path
+    literal: set[str] = set()
+    matching: set[str] = set()
+    for pattern, template, methods in request.app.state.path_methods:
+        if pattern.match(path):
+            matching.update(methods)
+            if template == path:
+                literal.update(methods)
+    return sorted(literal or matching)
 
 
-class BodyLimit:
-    """Pure ASGI middleware: a request body over ``max_bytes`` gets 413 ``too_large``, counted as received.
-
-    A declared ``Content-Length`` over the limit is refused at once; any other body (chunked
-    too) is read up to the limit before the app sees it, then handed on whole. Requests
-    without a body (the lookups) pass straight through. (A pure ASGI class rather than
-    ``@app.middleware("http")``, whose per-request cost is a large part of a lookup's.)
-    """
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        length = headers.get(b"content-length", b"")
-        if length.isdigit() and int(length) > self.max_bytes:
-            await self._refuse(scope, receive, send)
-            return
-        if not length.strip(b"0") and b"chunked" not in headers.get(b"transfer-encoding", b"").lower():
-            await self.app(scope, receive, send)
-            return
-        chunks: list[bytes] = []
-        received = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                await self.app(scope, receive, send)
-                return
-            chunk = message.get("body", b"")
-            received += len(chunk)
-            if received > self.max_bytes:
-                await self._refuse(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        whole: Message = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if replayed:
-                return await receive()
-            replayed = True
-            return whole
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        body = ErrorBody(code="too_large", message=f"request body over {self.max_bytes} bytes")
-        await JSONResponse(body.model_dump(), status_code=413)(scope, receive, send)
+def _path_methods(app: FastAPI, routers: Sequence[APIRouter]) -> list[tuple[re.Pattern[str], str, set[str]]]:
+    """Each route's path pattern, template and methods: those of ``routers``, and the app's own."""
+    table = []
+    for route in [*(route for router in routers for route in router.routes), *app.router.routes]:
+        template, methods = getattr(route, "path", None), getattr(route, "methods", None)
+        if isinstance(template, str) and methods:
+            table.append((compile_path(template)[0], template, set(methods)))
+    return table

@@ -12,6 +12,8 @@
   is presented must be valid all the same.
 - The first admin token of an empty database comes from ``TILETUNE_ADMIN_TOKEN`` (a
   deployment's secret) or is made and shown once by ``tiletune server`` (:meth:`Tokens.bootstrap`).
+  A database that has tokens already keeps them: a ``TILETUNE_ADMIN_TOKEN`` it does not know
+  (or has revoked) is ignored, with a warning in the log at start (never the token).
 
 Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
 seen at once, in another within ``cache_s``), so a lookup does not query the tokens table.
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import secrets
 import threading
 import time
@@ -33,6 +36,8 @@ from tiletune.client.wire import Role, TokenCreated, TokenPublic
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from tiletune.service.models import TokenRow
+
+log = logging.getLogger(__name__)
 
 TOKEN_PREFIX = "tt_"
 #: Random bytes of a token's secret.
@@ -81,6 +86,7 @@ def _public(row: TokenRow) -> TokenPublic:
         role=row.role,
         created_at=aware(row.created_at),
         revoked_at=aware(row.revoked_at) if row.revoked_at is not None else None,
+        chip=row.chip_name,
     )
 
 
@@ -96,11 +102,13 @@ class Tokens:
         self._verified: dict[str, tuple[float, Identity]] = {}
         self._lock = threading.Lock()
 
-    def create(self, role: Role, name: str) -> TokenCreated:
-        """A new token of ``role``; its secret is in the answer only."""
+    def create(self, role: Role, name: str, chip: str | None = None) -> TokenCreated:
+        """A new token of ``role`` (a worker's bound to ``chip`` if given); its secret is in the answer."""
         secret = new_secret()
         with self.db.write() as session:
-            row = TokenRow(name=name, role=role, digest=digest(secret), created_at=self.db.clock())
+            row = TokenRow(
+                name=name, role=role, digest=digest(secret), created_at=self.db.clock(), chip_name=chip
+            )
             session.add(row)
             session.flush()
             return TokenCreated(**_public(row).model_dump(), token=secret)
@@ -137,11 +145,16 @@ class Tokens:
     def bootstrap(self, admin_secret: str | None) -> str | None:
         """Give an empty database its first admin token: ``admin_secret``, else a new one.
 
-        Returns the secret when it was made here (to be shown once), else ``None``; does
-        nothing when the database has tokens already.
+        Returns the secret when it was made here (to be shown once), else ``None``. A database
+        that has tokens already is left as it is: an ``admin_secret`` that is not one of its
+        tokens, or is revoked, is ignored, and a warning says so (never the secret itself).
         """
         with self.db.write() as session:
             if session.scalar(select(func.count()).select_from(TokenRow)):
+                if admin_secret:
+                    _warn_if_unusable(
+                        session.scalar(select(TokenRow).where(TokenRow.digest == digest(admin_secret)))
+                    )
                 return None
             secret = admin_secret or new_secret()
             row = TokenRow(name="admin", role=Role.ADMIN, digest=digest(secret), created_at=self.db.clock())
@@ -168,6 +181,18 @@ class Tokens:
         with self._lock:
             self._verified[presented] = (now + self.cache_s, identity)
         return identity
+
+
+def _warn_if_unusable(row: TokenRow | None) -> None:
+    """Warn that ``TILETUNE_ADMIN_TOKEN`` is ignored when it is not a live token of the database."""
+    if row is None:
+        log.warning(
+            "TILETUNE_ADMIN_TOKEN is ignored: the database has tokens already and this is not one of "
+            "them (it is used only to give an empty database its first admin token); sign in with an "
+            "existing admin token, or create one with `tiletune token create --role admin`"
+        )
+    elif row.revoked_at is not None:
+        log.warning("TILETUNE_ADMIN_TOKEN is ignored: it is the token %r (id %d), revoked", row.name, row.id)
 
 
 def require(identity: Identity, role: Role) -> Identity:

@@ -7,8 +7,10 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
 - :func:`import_configs` stores a bundle whose checksum matches its entries, after checking
   every entry (:func:`checked_entry`: the kernel exists at that version, the shape is
   complete and its key is the server's, the dtype is known, the config lies in the kernel's
-  space and is valid on the chip's limits, the times are finite and positive, the software
-  it ran with is given): one bad entry refuses the bundle and nothing changes. An entry
+  space and is valid on the chip's limits, so does the default config (or it is the kernel's
+  own default rule for the key, which a chip's limits may refuse), the times are finite and
+  positive, the software it ran with is given and bounded as a worker's registration bounds it
+  (:data:`~tiletune.client.wire.Software`): one bad entry refuses the bundle and nothing changes. An entry
   replaces a key's best only when the key has none or the entry is faster, and a best
   measured on this server (by a job) only with ``force``; it is recorded in the history
   like a promotion (no job);
@@ -28,12 +30,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
-from tiletune.client.wire import MAX_MS, MIN_MS, BestConfigPublic, ConfigBundle, HistoryPoint
-from tiletune.kernels import KernelSpec
+from tiletune.client.wire import MAX_MS, MIN_MS, BestConfigPublic, ConfigBundle, HistoryPoint, Software
+from tiletune.kernels import Config, KernelSpec, Shape
 from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
 from tiletune.service.errors import InvalidInputError
@@ -41,6 +44,9 @@ from tiletune.service.fleet import chip_by_name, chip_limits, newest_software_id
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import best_public, history_point
+
+#: An imported entry's software, checked as a worker's registration checks it.
+SOFTWARE: TypeAdapter[dict[str, str | None]] = TypeAdapter(Software)
 
 
 @dataclass(frozen=True)
@@ -144,17 +150,9 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
         )
     shape = parse_shape(spec, entry.shape, f"{where}.shape")
     dtype = check_dtype(entry.dtype, f"{where}.dtype")
-    try:
-        config = spec.parse_config(entry.config, shape)
-    except InputError as error:
-        raise InvalidInputError(error.reason, error.field.replace("config", f"{where}.config", 1)) from error
-    invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
-    if invalid is not None:
-        raise InvalidInputError(f"the config is invalid on {chip.name}: {invalid}", f"{where}.config")
-    if not entry.software:
-        raise InvalidInputError(
-            "an entry needs its provenance: the software it was measured with", f"{where}.software"
-        )
+    config = _parsed_config(spec, entry.config, shape, f"{where}.config")
+    _check_runs_on(spec, config, shape, dtype, chip=chip, field=f"{where}.config")
+    _check_software(entry.software, f"{where}.software")
     for name in ("median_ms", "default_ms"):
         value = getattr(entry, name)
         if value is not None and not (math.isfinite(value) and MIN_MS <= value <= MAX_MS):
@@ -163,13 +161,44 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
             )
     default = None
     if entry.default_config is not None:
-        try:
-            default = spec.parse_config(entry.default_config, shape)
-        except InputError as error:
-            raise InvalidInputError(error.reason, f"{where}.default_config") from error
+        default = _parsed_config(spec, entry.default_config, shape, f"{where}.default_config")
+        if default != spec.default_config(shape, dtype, chip_limits(chip)):
+            _check_runs_on(spec, default, shape, dtype, chip=chip, field=f"{where}.default_config")
     key = JobKey(spec.name, spec.version, spec.canonical_shape(shape), dtype, chip.id)
     winner = Winner(shape, config, entry.median_ms, default, entry.default_ms)
     return key, winner, chip
+
+
+def _parsed_config(spec: KernelSpec, raw: dict[str, int], shape: Shape, field: str) -> Config:
+    """``raw`` as one of the kernel's configs for ``shape``; :class:`InvalidInputError` naming ``field``."""
+    try:
+        return spec.parse_config(raw, shape)
+    except InputError as error:
+        raise InvalidInputError(error.reason, error.field.replace("config", field, 1)) from error
+
+
+def _check_runs_on(
+    spec: KernelSpec, config: Config, shape: Shape, dtype: str, *, chip: ChipRow, field: str
+) -> None:
+    """:class:`InvalidInputError` naming ``field`` unless ``config`` may run on ``chip`` (its limits)."""
+    invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
+    if invalid is not None:
+        raise InvalidInputError(f"the config is invalid on {chip.name}: {invalid}", field)
+
+
+def _check_software(software: dict[str, str | None], field: str) -> None:
+    """:class:`InvalidInputError` naming ``field`` unless ``software`` is a fingerprint a worker could
+    register (:data:`~tiletune.client.wire.Software`: names, printable bounded versions, few) and not empty.
+
+    The message never repeats what was sent (it may be megabytes, or text that misleads a terminal).
+    """
+    try:
+        SOFTWARE.validate_python(software)
+    except ValidationError as error:
+        reason = error.errors(include_url=False, include_input=False)[0]["msg"]
+        raise InvalidInputError(f"not a software fingerprint workers send: {reason}", field) from None
+    if not software:
+        raise InvalidInputError("an entry needs its provenance: the software it was measured with", field)
 
 
 def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force: bool = False) -> int:

@@ -4,7 +4,8 @@ The caller's identity comes from ``Authorization: Bearer`` (:mod:`tiletune.servi
 ``ReaderDep`` lets anonymous callers through when reads are open, the role dependencies
 never do. The dependencies are ``async``, so resolving them costs no thread-pool hop; a token
 the replica verified recently is known without the database, any other is verified in the
-thread pool (never a blocking query on the event loop).
+thread pool (never a blocking query on the event loop), failures limited per client address
+(:func:`authenticate`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from tiletune.client.wire import MAX_DB_INT, Role
 from tiletune.service.auth import ANONYMOUS, Identity, Tokens, require
 from tiletune.service.database import Database
+from tiletune.service.errors import RateLimitedError, UnauthorizedError
 from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
-from tiletune.service.ratelimit import RateLimiter
+from tiletune.service.ratelimit import RateLimiter, address_key
 from tiletune.service.reads import Reads
 from tiletune.service.settings import Settings
 
@@ -63,6 +65,39 @@ async def _miss_limit(request: Request) -> RateLimiter:
     return limit
 
 
+async def authenticate(tokens: Tokens, failures: RateLimiter, secret: str, address: str) -> Identity:
+    """The identity of a presented token, failed authentications limited per client address.
+
+    A token verified recently is known without the database. For any other, an ``address``
+    (:func:`~tiletune.service.ratelimit.address_key`) that used up its failures gets 429
+    ``rate_limited`` before the token is looked up; an unknown or revoked token is 401 and
+    takes one of its address's failures (``failures``: ``TILETUNE_AUTH_FAILURES_PER_S``, bursts
+    of ``TILETUNE_AUTH_FAILURE_BURST``). A valid token takes nothing.
+    """
+    remembered = tokens.remembered(secret)
+    if remembered is not None:
+        return remembered
+    key = address_key(address)
+    if failures.exhausted(key):
+        raise RateLimitedError(
+            "too many failed authentications from this address; try again later",
+            failures.retry_after_s(),
+            field="authorization",
+        )
+    try:
+        return await run_in_threadpool(tokens.identify, secret)
+    except UnauthorizedError:
+        failures.allow(key)  # takes one of the address's failures
+        raise
+
+
+async def authenticate_request(request: Request, secret: str) -> Identity:
+    """:func:`authenticate` for a request of the app (its tokens, its limit, its client's address)."""
+    services = request.app.state.services
+    address = request.client.host if request.client is not None else ""
+    return await authenticate(services.tokens, services.auth_failures, secret, address)
+
+
 async def _caller(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Identity:
@@ -72,7 +107,7 @@ async def _caller(
     remembered = tokens.remembered(credentials.credentials)  # no database on the lookups' path
     if remembered is not None:
         return remembered
-    return await run_in_threadpool(tokens.identify, credentials.credentials)
+    return await authenticate_request(request, credentials.credentials)
 
 
 CallerDep = Annotated[Identity, Depends(_caller)]

@@ -7,6 +7,8 @@ mistake reaches them as a 500.
 
 from __future__ import annotations
 
+import math
+
 
 class ServiceError(Exception):
     """Base: ``code`` (stable, machine-readable), ``message`` (human), ``field`` (if one is to blame)."""
@@ -83,3 +85,13 @@ class RateLimitedError(ServiceError):
     def __init__(self, message: str, retry_after_s: float, field: str | None = None) -> None:
         super().__init__(message, field)
         self.retry_after_s = retry_after_s
+
+
+def error_headers(error: ServiceError) -> dict[str, str]:
+    """The headers an error's answer carries: ``WWW-Authenticate: Bearer`` on a 401, ``Retry-After``
+    (whole seconds, at least 1) on a 429 or a 503."""
+    if isinstance(error, UnauthorizedError):
+        return {"WWW-Authenticate": "Bearer"}
+    if isinstance(error, RateLimitedError | UnavailableError):
+        return {"Retry-After": str(max(1, math.ceil(error.retry_after_s)))}
+    return {}

@@ -9,27 +9,36 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
   marker ``*`` is no chip's name;
 - :func:`touch_worker` finds a worker of the caller's token and marks it seen (every lease
   call does); another token's worker is 403;
+- :func:`hold_to_chip` keeps a worker token to one chip: the one named when it was created, else
+  the one it first registers (or leases for); another chip is 403 with a message that names no
+  chip and no limits. A token bound to ``*`` (an admin's choice) works for every chip; an
+  admin's token is never bound;
 - a software fingerprint is stored once per (chip, canonical JSON text).
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import ANY_CHIP, ChipWire, WorkerCreate
+from tiletune.client.wire import ANY_CHIP, ChipWire, WorkerCreate, software_text
 from tiletune.kernels import DeviceLimits
 from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
-from tiletune.service.models import ChipRow, SoftwareRow, WorkerRow
+from tiletune.service.models import ChipRow, SoftwareRow, TokenRow, WorkerRow
+
+#: The refusal of a worker token's call for a chip other than its own: it names neither chip.
+BOUND_ELSEWHERE = (
+    "this token is bound to another chip; an admin makes a worker token for this one "
+    "(tiletune token create --role worker --chip NAME)"
+)
 
 
 def fingerprint_text(software: dict[str, str | None]) -> str:
     """A software fingerprint as canonical JSON (equal text means equal software)."""
-    return json.dumps(software, sort_keys=True, separators=(",", ":"))
+    return software_text(software)
 
 
 def chip_limits(chip: ChipRow) -> DeviceLimits:
@@ -51,14 +60,26 @@ class ChipRights:
 
 
 def register_worker(
-    session: Session, request: WorkerCreate, now: datetime, token_id: int | None, rights: ChipRights
+    session: Session,
+    request: WorkerCreate,
+    now: datetime,
+    token_id: int | None,
+    rights: ChipRights,
+    *,
+    hold_token: bool = False,
 ) -> tuple[WorkerRow, ChipRow]:
-    """Record a worker of token ``token_id``, its chip and its software fingerprint."""
+    """Record a worker of token ``token_id``, its chip and its software fingerprint.
+
+    ``hold_token``: the token works for one chip (a worker's: :func:`hold_to_chip`), checked
+    after the request itself and before the chip is looked at.
+    """
     for index, backend in enumerate(request.backends):
         if not backend:
             raise InvalidInputError("backend names must not be empty", field=f"backends[{index}]")
     if request.chip.name == ANY_CHIP:
         raise InvalidInputError(f"{ANY_CHIP!r} means any chip and names none", field="chip.name")
+    if hold_token:
+        hold_to_chip(session, token_id, request.chip.name, "chip.name")
     chip = _upsert_chip(session, request.chip, now, rights)
     software = software_row(session, chip.id, request.software, now)
     worker = WorkerRow(
@@ -92,9 +113,9 @@ def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRi
     elif _limits(chip) == wanted:
         return chip
     elif not rights.change:
+        # The refusal names none of the registered limits: only an admin may read or change them.
         raise ForbiddenError(
-            f"chip {wire.name!r} is registered with other limits {_limits(chip)}; an admin changes them",
-            "chip",
+            f"chip {wire.name!r} is registered with other limits; an admin changes them", "chip"
         )
     chip.kind = wire.kind
     chip.local_memory_bytes = wire.local_memory_bytes
@@ -143,3 +164,28 @@ def touch_worker(session: Session, worker_id: int, now: datetime, token_id: int 
         raise ForbiddenError(f"worker {worker_id} is another token's", field="worker_id")
     worker.last_seen_at = now
     return worker
+
+
+def hold_to_chip(session: Session, token_id: int | None, chip_name: str, field: str) -> None:
+    """Keep worker token ``token_id`` to one chip: bind it to ``chip_name`` if it is unbound, else
+    :class:`ForbiddenError` (:data:`BOUND_ELSEWHERE`) unless it is bound to ``chip_name`` or ``*``.
+
+    The binding is a conditional update, so of two first calls for different chips at once one
+    binds and the other is refused; a transaction that fails later takes the binding back with it.
+    """
+    if token_id is None:
+        return
+    bound = _bound_chip(session, token_id)
+    if bound is None:
+        session.execute(
+            update(TokenRow)
+            .where(TokenRow.id == token_id, TokenRow.chip_name.is_(None))
+            .values(chip_name=chip_name)
+        )
+        bound = _bound_chip(session, token_id)
+    if bound not in (chip_name, ANY_CHIP):
+        raise ForbiddenError(BOUND_ELSEWHERE, field)
+
+
+def _bound_chip(session: Session, token_id: int) -> str | None:
+    return session.scalar(select(TokenRow.chip_name).where(TokenRow.id == token_id))

@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, defer
 
 from tiletune.client.wire import ANY_CHIP, JobState, Role, SweepCreate, SweepPublic
 from tiletune.kernels import KernelSpec, Shape
+from tiletune.kernels.spec import format_bytes
 from tiletune.service import lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, tuned_on_newest_software
@@ -51,7 +52,7 @@ def plan_sweep(
 
     The job count is known before any job is built; a shape whose bench would hold more than
     ``max_shape_bytes`` (:meth:`KernelSpec.allocated_bytes`, in any of the sweep's dtypes)
-    is refused, naming the shape and the limit.
+    is refused, naming the shape, its biggest tensor with its bytes, and the limit.
     """
     for index, dtype in enumerate(request.dtypes):
         check_dtype(dtype, f"dtypes[{index}]")
@@ -84,16 +85,32 @@ def _parse_parts(
         shapes = []
         for index, raw in enumerate(part.shapes):
             shape = parse_shape(spec, raw, f"{where}shapes[{index}]")
-            held = max(spec.allocated_bytes(shape, dtype) for dtype in dtypes)
-            if held > max_shape_bytes:
-                raise InvalidInputError(
-                    f"a bench of this shape would hold {held / 2**30:.1f} GiB (inputs, output, reference);"
-                    f" at most {max_shape_bytes / 2**30:.1f} GiB are allowed (TILETUNE_MAX_SHAPE_BYTES)",
-                    f"{where}shapes[{index}]",
-                )
+            check_bench_fits(spec, shape, dtypes, max_shape_bytes, f"{where}shapes[{index}]")
             shapes.append(shape)
         parts.append((spec, list({spec.canonical_shape(s): s for s in shapes}.values())))
     return parts
+
+
+def check_bench_fits(
+    spec: KernelSpec, shape: Shape, dtypes: Sequence[str], max_shape_bytes: int, field: str
+) -> None:
+    """Refuse (naming ``field``) a shape whose bench would hold more than ``max_shape_bytes`` in one
+    of ``dtypes`` (:meth:`KernelSpec.allocated_bytes`); the refusal names its biggest tensor."""
+    dtype = max(dtypes, key=lambda name: spec.allocated_bytes(shape, name))
+    held = spec.allocated_bytes(shape, dtype)
+    if held <= max_shape_bytes:
+        return
+    tensors = spec.bench_bytes(shape, dtype)
+    biggest = ""
+    if tensors:
+        name, size = max(tensors.items(), key=lambda item: item[1])
+        biggest = f"; its biggest tensor, {name}, {format_bytes(size)} ({size} bytes)"
+    raise InvalidInputError(
+        f"a bench of this shape in {dtype} would hold {format_bytes(held)} (inputs, output, "
+        f"reference){biggest}; at most {format_bytes(max_shape_bytes)} are allowed "
+        "(TILETUNE_MAX_SHAPE_BYTES)",
+        field,
+    )
 
 
 def create_sweep(
@@ -189,9 +206,15 @@ def check_owner(session: Session, sweep_id: int, caller: Identity) -> None:
         )
 
 
-def sweep_rows(session: Session, limit: int = 50, offset: int = 0) -> Sequence[SweepRow]:
-    """Sweeps, newest first."""
-    return session.scalars(select(SweepRow).order_by(SweepRow.id.desc()).limit(limit).offset(offset)).all()
+def sweep_rows(
+    session: Session, limit: int = 50, offset: int = 0, before: int | None = None
+) -> Sequence[SweepRow]:
+    """Sweeps, newest first (only those older than sweep ``before`` when given), without their
+    requests (a list never shows them)."""
+    query = select(SweepRow).options(defer(SweepRow.request)).order_by(SweepRow.id.desc())
+    if before is not None:
+        query = query.where(SweepRow.id < before)
+    return session.scalars(query.limit(limit).offset(offset)).all()
 
 
 def job_rows(

@@ -15,7 +15,9 @@ Tables:
 - ``best_configs`` (the promoted winner per kernel, version, shape, dtype,
   chip) and ``promotions`` (every promotion, for history);
 - ``misses`` (keys clients answered with ``nearest`` or ``default``: how
-  often, and the demand job queued for them; see ``tiletune.service.misses``).
+  often, and the demand job queued for them; see ``tiletune.service.misses``);
+- ``browser_sessions`` (a signed-in browser: its session id's digest and the token that
+  signed in; see ``tiletune.service.dashboard.session``).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, ClassVar
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     Boolean,
     DateTime,
     Float,
@@ -62,7 +65,12 @@ class Base(DeclarativeBase):
 
 
 class TokenRow(Base):
-    """A bearer token: its role and name; only a SHA-256 digest of the secret is stored."""
+    """A bearer token: its role and name; only a SHA-256 digest of the secret is stored.
+
+    ``chip_name``: the one chip a worker token registers and leases for, named when it was
+    created or set by its first registration (then fixed); ``*``: every chip; ``None`` for
+    other roles.
+    """
 
     __tablename__ = "tokens"
 
@@ -72,6 +80,25 @@ class TokenRow(Base):
     digest: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime]
     revoked_at: Mapped[datetime | None]
+    chip_name: Mapped[str | None] = mapped_column(String(200))
+
+
+class BrowserSessionRow(Base):
+    """A browser's dashboard session: the SHA-256 digest of its random id, never the id itself.
+
+    It acts as the token ``token_id`` that signed in, while that token is not revoked, until
+    ``expires_at`` and while it was seen within the idle limit (``last_seen_at``); sign-out
+    deletes it.
+    """
+
+    __tablename__ = "browser_sessions"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("tokens.id"), index=True)
+    created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+    expires_at: Mapped[datetime]
 
 
 class ChipRow(Base):
@@ -287,7 +314,10 @@ class MissRow(Base):
     """
 
     __tablename__ = "misses"
-    __table_args__ = (UniqueConstraint("kernel", "kernel_version", "shape_key", "dtype", "chip_name"),)
+    __table_args__ = (
+        UniqueConstraint("kernel", "kernel_version", "shape_key", "dtype", "chip_name"),
+        Index(None, "chip_id", "demand_queued_at"),  # the demand budget: a chip's keys queued lately
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     kernel: Mapped[str] = mapped_column(String(64))
@@ -302,3 +332,8 @@ class MissRow(Base):
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id"))
     first_seen_at: Mapped[datetime]
     last_seen_at: Mapped[datetime]
+    #: When demand queued a job for the key (the demand budget counts them per chip); ``None``: never.
+    demand_queued_at: Mapped[datetime | None]
+    #: The bytes a bench of the key holds (``KernelSpec.allocated_bytes``), set by each report: demand
+    #: passes over keys above ``TILETUNE_MAX_SHAPE_BYTES``. ``None``: not reported since revision 0006.
+    bench_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -105,7 +105,9 @@ class WorkerProtocol:
     def register(self, request: WorkerCreate, caller: Identity) -> WorkerPublic:
         """Record a worker of ``caller``'s token and its chip (see :func:`fleet.register_worker`).
 
-        Workers of a new chip registering at once race to create it; the loser tries again.
+        A worker token registers only its own chip, and its first registration binds an unbound one
+        (:func:`fleet.hold_to_chip`); an admin's registers any. Workers of a new chip registering at
+        once race to create it; the loser tries again.
         """
         try:
             return self._register(request, caller)
@@ -116,17 +118,27 @@ class WorkerProtocol:
         rights = fleet.ChipRights(
             create=caller.may(Role.ADMIN) or self.workers_create_chips, change=caller.may(Role.ADMIN)
         )
+        held = not caller.may(Role.ADMIN)
         with self.db.write() as session:
-            worker, chip = fleet.register_worker(session, request, self.db.clock(), caller.token_id, rights)
+            worker, chip = fleet.register_worker(
+                session, request, self.db.clock(), caller.token_id, rights, hold_token=held
+            )
             return worker_public(worker, chip, dict(request.software))
 
     def lease(self, worker_id: int, caller: Identity) -> LeasePublic | None:
-        """A lease on a job this worker (one of ``caller``'s token) can run, or ``None``."""
+        """A lease on a job this worker (one of ``caller``'s token) can run, or ``None``.
+
+        A worker token leases only for its own chip (binding an unbound one: a token from before
+        bindings); an admin's for any.
+        """
         self.reap()
         skipped: set[int] = set()
         for _ in range(MAX_CLAIM_ATTEMPTS):
             with self.db.write() as session:
                 worker = fleet.touch_worker(session, worker_id, self.db.clock(), caller.token_id)
+                if not caller.may(Role.ADMIN):
+                    chip_name = session.get_one(ChipRow, worker.chip_id).name
+                    fleet.hold_to_chip(session, caller.token_id, chip_name, "worker_id")
                 claimed = self.queue.claim(session, worker, skipped)
                 if claimed is None:
                     return None

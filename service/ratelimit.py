@@ -1,12 +1,16 @@
 """Per-caller rate limits: a token bucket per key, in one replica's memory.
 
 ``allow(key)`` takes one token from ``key``'s bucket (``burst`` tokens, refilled at ``rate_per_s``)
-and says whether there was one. Buckets of keys not seen for a while are dropped, so memory
-stays bounded by the callers of the last minutes. Time comes from an injected clock.
+and says whether there was one; ``exhausted(key)`` says whether the bucket is empty, taking
+nothing (a limit on failures: look first, take on failure). At most :data:`MAX_BUCKETS` buckets
+are kept (beyond, all are forgotten), so memory stays bounded. Time comes from an injected clock.
+:func:`address_key` is the key of a client's address (an IPv6 client's /64 network: one
+host holds all of it).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -41,6 +45,31 @@ class RateLimiter:
             self._buckets[key] = (tokens - 1.0, now)
             return True
 
+    def exhausted(self, key: Hashable) -> bool:
+        """True when ``key``'s bucket holds no whole token now (nothing is taken)."""
+        if self.rate_per_s <= 0:
+            return False
+        now = self._clock()
+        with self._lock:
+            found = self._buckets.get(key)
+        if found is None:
+            return False
+        tokens, at = found
+        return min(float(self.burst), tokens + (now - at) * self.rate_per_s) < 1.0
+
     def retry_after_s(self) -> float:
         """Seconds until an empty bucket holds one token again."""
         return 1.0 / self.rate_per_s if self.rate_per_s > 0 else 0.0
+
+
+def address_key(host: str) -> str:
+    """The rate-limit key of a client address: the address, or an IPv6 address's /64 network."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)

@@ -5,10 +5,15 @@ Never read at import time: ``create_app(settings)`` takes them explicitly.
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+import ipaddress
+
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiletune.service.database import default_url
+
+#: The longest a browser session may be allowed to last (30 days).
+MAX_SESSION_S = 30 * 24 * 3600.0
 
 
 class Settings(BaseSettings):
@@ -32,12 +37,29 @@ class Settings(BaseSettings):
       queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
       the trials of such a job (see ``tiletune.service.misses``); ``miss_reports_per_s`` and
       ``miss_report_burst``: the miss reports each token may send (429 beyond; 0: no limit);
+    - ``demand_jobs_per_chip_hour``: the demand budget, the most jobs misses may queue on one
+      chip in any hour, counted in the store across replicas (the most missed keys first; 0
+      turns demand-driven tuning off);
     - ``admin_token``: the first admin token of an empty database (a deployment's secret;
       without it ``tiletune server`` makes one and shows it once);
     - ``open_reads``: reads need no token (``None``: ``tiletune server`` opens them on a
       loopback address only; an app made in code keeps them closed);
     - ``workers_create_chips``: a worker token may register a chip nobody registered yet
-      (changing an existing chip's limits is an admin's).
+      (changing an existing chip's limits is an admin's);
+    - ``session_idle_s`` and ``session_max_s``: a browser's dashboard session ends when unused
+      for ``session_idle_s`` and ``session_max_s`` after sign-in at the latest (see
+      ``tiletune.service.dashboard.session``);
+    - ``forwarded_allow_ips``: the addresses (IPs or networks, comma-separated; ``*``: any)
+      whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed: the TLS proxy or
+      ingress in front of ``tiletune server`` (``None``: uvicorn's ``$FORWARDED_ALLOW_IPS``,
+      else loopback only);
+    - ``body_timeout_s``: how long a request's body may take to arrive after its head (408 and
+      the connection closed beyond; see ``tiletune.service.bodies``, which also caps each
+      route's body under ``max_body_bytes``); ``head_timeout_s``: how long a connection may
+      take to send a request's head (closed beyond; ``tiletune server`` only);
+    - ``auth_failures_per_s`` and ``auth_failure_burst``: the failed authentications (unknown
+      or revoked tokens) each client address may make (429 ``rate_limited`` beyond, before
+      the token is looked up; 0: no limit).
     """
 
     model_config = SettingsConfigDict(env_prefix="TILETUNE_")
@@ -56,6 +78,29 @@ class Settings(BaseSettings):
     miss_trials: int = Field(default=40, ge=1, le=10_000)
     miss_reports_per_s: float = Field(default=1.0, ge=0)
     miss_report_burst: int = Field(default=30, ge=1)
+    demand_jobs_per_chip_hour: int = Field(default=20, ge=0, le=100_000)
     admin_token: SecretStr | None = None
     open_reads: bool | None = None
     workers_create_chips: bool = True
+    session_idle_s: float = Field(default=2 * 3600.0, gt=0, le=MAX_SESSION_S)
+    session_max_s: float = Field(default=12 * 3600.0, gt=0, le=MAX_SESSION_S)
+    forwarded_allow_ips: str | None = Field(default=None, max_length=4000)
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    auth_failures_per_s: float = Field(default=1.0, ge=0)
+    auth_failure_burst: int = Field(default=60, ge=1)
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _addresses(cls, value: str | None) -> str | None:
+        """Each entry an IP address or network, or ``*`` alone (uvicorn ignores others silently)."""
+        if value is None or value.strip() == "*":
+            return value
+        for entry in value.split(","):
+            try:
+                ipaddress.ip_network(entry.strip())
+            except ValueError:
+                raise ValueError(
+                    f"{entry.strip()!r} is not an IP address or network (e.g. 10.0.0.0/8, or * for any)"
+                ) from None
+        return value

@@ -38,7 +38,13 @@ def check_dtype(dtype: str, field: str = "dtype") -> str:
 
 
 def parse_shape(spec: KernelSpec, shape: Mapping[str, object], field: str = "shape") -> Shape:
-    """``shape`` checked against ``spec``; errors name ``field`` and the dim (``shapes[0].n``)."""
+    """``shape`` checked against ``spec``; errors name ``field`` and the dim (``shapes[0].n``).
+
+    Dims are bounded to what the databases hold and each tensor of a call to
+    :data:`~tiletune.kernels.spec.MAX_TENSOR_BYTES` (:meth:`KernelSpec.parse_shape`): a
+    refusal of the latter names ``field``, the tensor and its bytes. The same check for a
+    lookup, a sweep, a miss report and an import, whatever their dtype.
+    """
     try:
         return spec.parse_shape(dict(shape))
     except InputError as error:

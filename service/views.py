@@ -6,8 +6,9 @@ Functions of rows and a session (for the rows they join); they read, never write
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import (
@@ -18,6 +19,7 @@ from tiletune.client.wire import (
     JobPublic,
     SweepPublic,
     SweepState,
+    SweepSummaryPublic,
     TrialPublic,
     WorkerPublic,
 )
@@ -75,16 +77,50 @@ def sweep_public(session: Session, sweep: SweepRow) -> SweepPublic:
     counts: dict[str, int] = {}
     for job in jobs:
         counts[job.state] = counts.get(job.state, 0) + 1
-    live = any(job.state in LIVE_JOB_STATES for job in jobs)
     return SweepPublic(
         id=sweep.id,
         name=sweep.name,
         kernels=list(sweep.kernels),
-        state=SweepState.RUNNING if live else SweepState.FINISHED,
+        state=_sweep_state(counts),
         created_at=aware(sweep.created_at),
         counts=counts,
         jobs=[job_public(session, job) for job in jobs],
     )
+
+
+def sweep_summaries(session: Session, sweeps: Sequence[SweepRow]) -> list[SweepSummaryPublic]:
+    """Sweeps as a list shows them: their jobs counted by state in one query, never loaded.
+
+    The query spans the sweeps' id range (one bound pair, not an ``IN`` of up to a page of
+    ids): exactly the page's sweeps when they are consecutive, as a page of the list is.
+    """
+    counts: dict[int, dict[str, int]] = {sweep.id: {} for sweep in sweeps}
+    if counts:
+        query = (
+            select(JobRow.sweep_id, JobRow.state, func.count())
+            .where(JobRow.sweep_id.between(min(counts), max(counts)))
+            .group_by(JobRow.sweep_id, JobRow.state)
+        )
+        for sweep_id, state, count in session.execute(query):
+            if sweep_id in counts:
+                counts[sweep_id][state] = count
+    return [
+        SweepSummaryPublic(
+            id=sweep.id,
+            name=sweep.name,
+            kernels=list(sweep.kernels),
+            state=_sweep_state(counts[sweep.id]),
+            created_at=aware(sweep.created_at),
+            counts=counts[sweep.id],
+            job_count=sum(counts[sweep.id].values()),
+        )
+        for sweep in sweeps
+    ]
+
+
+def _sweep_state(counts: dict[str, int]) -> SweepState:
+    """``running`` while any job is live, else ``finished``."""
+    return SweepState.RUNNING if any(counts.get(state) for state in LIVE_JOB_STATES) else SweepState.FINISHED
 
 
 def best_public(best: BestConfigRow, chip: str, software: dict[str, str | None]) -> BestConfigPublic:

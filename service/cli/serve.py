@@ -22,6 +22,7 @@ its parsers, on the base install too.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import ipaddress
 import logging
 import signal
@@ -65,17 +66,22 @@ DEFAULT_PORT = 8642
 # -- settings, database, socket, uvicorn ----------------------------------------------------------
 
 
-def settings_of(db: str | None) -> Settings:
-    """Settings from ``TILETUNE_*`` with the command line's database URL over them."""
+#: The settings the ``server`` command line may give, and their options.
+SETTING_FLAGS = {"db_url": "--db", "forwarded_allow_ips": "--forwarded-allow-ips"}
+
+
+def settings_of(db: str | None, forwarded_allow_ips: str | None = None) -> Settings:
+    """Settings from ``TILETUNE_*`` with the command line's database URL (and proxies) over them."""
     from tiletune.service.settings import Settings
 
-    given: dict[str, Any] = {"db_url": db}
+    given: dict[str, Any] = {"db_url": db, "forwarded_allow_ips": forwarded_allow_ips}
     try:
         return Settings(**{key: value for key, value in given.items() if value is not None})
     except ValidationError as error:
         first = error.errors()[0]
         name = ".".join(str(part) for part in first["loc"])
-        raise BadInputError(name, f"{first['msg']} (from $TILETUNE_{name.upper()})") from None
+        source = SETTING_FLAGS[name] if given.get(name) is not None else f"$TILETUNE_{name.upper()}"
+        raise BadInputError(name, f"{first['msg']} (from {source})") from None
 
 
 def migrate(url: str) -> None:
@@ -153,12 +159,55 @@ def _is_loopback(host: str) -> bool:
         return host == "localhost"
 
 
+def head_timeout_protocol(head_timeout_s: float) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP/1.1 protocol (h11), closing a connection that takes over ``head_timeout_s``
+    to send a request's head: from when it opens, and from the end of each answer.
+
+    uvicorn bounds neither (an idle connection kept alive is closed after ``timeout_keep_alive``,
+    but each byte trickled starts that again), so without it connections trickling their heads
+    pile up. The body's own deadline is :mod:`tiletune.service.bodies`'.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._await_head(after=None)
+
+        def on_response_complete(self) -> None:
+            answered = self.cycle
+            super().on_response_complete()  # may start a pipelined request's cycle
+            self._await_head(after=answered)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+            super().connection_lost(exc)
+
+        def _await_head(self, after: object) -> None:
+            """Close the connection unless a request after ``after`` (a cycle) starts in time."""
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+
+            def give_up() -> None:
+                if self.cycle is after and not self.transport.is_closing():
+                    self.transport.close()
+
+            self._head_timer = self.loop.call_later(head_timeout_s, give_up)
+
+    return HeadTimeoutProtocol
+
+
 def uvicorn_server(
     settings: Settings, host: str, port: int, access_log: bool
 ) -> tuple[uvicorn.Server, Tokens]:
     """A uvicorn server of the app, and the app's tokens.
 
     Reads are open when ``TILETUNE_OPEN_READS`` says so, else only on a loopback ``host``.
+    uvicorn believes ``X-Forwarded-Proto`` and ``X-Forwarded-For`` from the addresses of
+    ``settings.forwarded_allow_ips`` only (the TLS proxy in front).
     """
     import uvicorn
 
@@ -168,7 +217,16 @@ def uvicorn_server(
     if settings.open_reads is None:
         settings = settings.model_copy(update={"open_reads": _is_loopback(host)})
     app = create_app(settings)
-    config = uvicorn.Config(app, host=host, port=port, lifespan="on", log_level="info", access_log=access_log)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        log_level="info",
+        access_log=access_log,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        http=head_timeout_protocol(settings.head_timeout_s),
+    )
     tokens: Tokens = app.state.services.tokens
     return uvicorn.Server(config), tokens
 
@@ -180,7 +238,7 @@ def cmd_server(args: argparse.Namespace) -> None:
     """Migrate the database, then serve the API until SIGINT or SIGTERM."""
     if args.optuna_db is not None:
         print("tiletune server: --optuna-db is ignored: job searches are rebuilt from the trials table")
-    settings = settings_of(args.db)
+    settings = settings_of(args.db, args.forwarded_allow_ips)
     sock = bind(args.host, args.port)  # first: a busy port fails fast and touches no database
     migrate(settings.db_url)
     server, tokens = uvicorn_server(settings, args.host, args.port, access_log=True)
@@ -294,6 +352,13 @@ def add_server_parser(commands: Commands) -> None:
     server.add_argument("--db", help="database URL (default: $TILETUNE_DB_URL, else sqlite:///tiletune.db)")
     server.add_argument("--host", default=DEFAULT_HOST, help=f"address to listen on (default {DEFAULT_HOST})")
     server.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    server.add_argument(
+        "--forwarded-allow-ips",
+        metavar="ADDRESSES",
+        help="the TLS proxy's or ingress's addresses (IPs or networks, comma-separated; * for any) whose "
+        "X-Forwarded-Proto and X-Forwarded-For are believed (default: $TILETUNE_FORWARDED_ALLOW_IPS, "
+        "else $FORWARDED_ALLOW_IPS, else 127.0.0.1,::1)",
+    )
     # Earlier servers kept Optuna's studies apart; accepted and ignored so their scripts still run.
     server.add_argument("--optuna-db", help=argparse.SUPPRESS)
     server.set_defaults(handler=cmd_server, extra="server")

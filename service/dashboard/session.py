@@ -1,13 +1,23 @@
-"""Who looks at a page: sign-in with a token, the session cookie, and forms safe from other sites.
+"""Who looks at a page: sign-in with a token, the browser's session, and forms safe from other sites.
 
-- A page's viewer is the token of ``Authorization: Bearer`` or of the session cookie; without
-  either, anonymous when reads are open, else the browser is sent to ``/signin``.
-- ``/signin`` is a form: the token is posted (never put in a URL), verified, and set as the
-  cookie :data:`COOKIE` (``HttpOnly``: no script reads it; ``SameSite=Strict``: no other site's
-  request carries it; ``Secure`` behind HTTPS). ``/signout`` clears it.
-- Every form that changes something carries :func:`csrf_token` of the viewer's token (a digest
-  another site cannot compute), and every posted form must come from our own origin
-  (``Origin``, else ``Sec-Fetch-Site``): :func:`read_form` refuses the rest with 403.
+- A page's viewer is the token of ``Authorization: Bearer`` or the browser session of the
+  cookie :data:`COOKIE`; without either, anonymous when reads are open, else the browser is
+  sent to ``/signin``.
+- ``/signin`` is a form: the token is posted (never put in a URL) and verified, and the browser
+  gets a session of its own (:class:`BrowserSessions`): a random id of 256 bits in the cookie
+  (``HttpOnly``: no script reads it; ``SameSite=Strict``: no other site's request carries it;
+  ``Secure`` when the request is https). The token itself is never in the cookie, and the
+  server keeps only the id's SHA-256 digest, beside the token that signed in.
+- A session acts as its token while that token is not revoked, ends when unused for
+  ``Settings.session_idle_s`` and ``Settings.session_max_s`` after sign-in at the latest, and
+  ``/signout`` deletes it on the server. A cookie that names no live session (an ended one,
+  or a token as cookies held before sessions) is not a session: the browser signs in again.
+- Every form that changes something carries :func:`csrf_token` of the viewer's secret (its
+  session id or bearer token: a digest another site cannot compute), and every posted form
+  must come from our own origin (``Origin``, else ``Sec-Fetch-Site``): :func:`read_form`
+  refuses the rest with 403. Behind a TLS proxy our origin is the scheme the proxy reports
+  (``X-Forwarded-Proto``, believed from ``Settings.forwarded_allow_ips`` only) and the
+  ``Host`` it passes on.
 - A posted form is bounded: at most :data:`MAX_FORM_BYTES` and :data:`MAX_FORM_FIELDS` fields.
 """
 
@@ -15,27 +25,42 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import Annotated
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, quote, urlsplit
 
 from fastapi import Depends, Request
 from fastapi.concurrency import run_in_threadpool
+from sqlalchemy import ColumnElement, delete, or_, select, update
 
 from tiletune.client.wire import Role
-from tiletune.service.auth import ANONYMOUS, Identity, Tokens
-from tiletune.service.errors import ForbiddenError, InvalidInputError, UnauthorizedError
+from tiletune.service.auth import ANONYMOUS, Identity
+from tiletune.service.database import Database, aware
+from tiletune.service.dependencies import authenticate_request
+from tiletune.service.errors import ForbiddenError, InvalidInputError
+from tiletune.service.models import BrowserSessionRow, TokenRow
 
-#: The session cookie: the viewer's token (HttpOnly, SameSite=Strict).
+#: The session cookie: a browser session's random id (HttpOnly, SameSite=Strict, Secure on https).
 COOKIE = "tiletune_session"
-#: Seconds a sign-in lasts.
-SESSION_S = 12 * 3600
+#: Random bytes of a session id (256 bits).
+SESSION_ID_BYTES = 32
+#: The longest cookie value read as a session id (an id is 43 characters).
+MAX_COOKIE_CHARS = 64
+#: A session's last use is written at most this often (or a tenth of the idle limit if shorter):
+#: the idle limit holds to within that.
+TOUCH_S = 60.0
+#: Sessions one token holds at most; signing in beyond that ends its oldest.
+MAX_SESSIONS_PER_TOKEN = 100
 MAX_FORM_BYTES = 64 * 1024
 MAX_FORM_FIELDS = 1000
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
 
 class SignInRequiredError(Exception):
-    """The page needs a token and the browser sent none (or a stale one): go to ``/signin``."""
+    """The page needs a token and the browser sent none (or a stale session): go to ``/signin``."""
 
     def __init__(self, next_path: str, stale: bool = False) -> None:
         super().__init__(next_path)
@@ -57,18 +82,110 @@ class Viewer:
 
 
 def csrf_token(secret: str) -> str:
-    """The CSRF token of a session: a digest of its token, which only its holder can compute."""
+    """The CSRF token of a viewer's secret (session id or bearer token): only its holder computes it."""
     return hashlib.sha256(b"tiletune-csrf\0" + secret.encode()).hexdigest()[:32]
 
 
-def _presented(request: Request) -> tuple[str | None, bool]:
-    """The token the request carries and whether it came from the cookie."""
+def session_digest(session_id: str) -> str:
+    """The stored form of a session id."""
+    return hashlib.sha256(b"tiletune-session\0" + session_id.encode()).hexdigest()
+
+
+class BrowserSessions:
+    """Opening, checking and closing browser sessions (see the module docstring)."""
+
+    def __init__(self, db: Database, idle_s: float, max_s: float) -> None:
+        self.db = db
+        self.idle = timedelta(seconds=idle_s)
+        self.max = timedelta(seconds=max_s)
+        self.touch = timedelta(seconds=min(TOUCH_S, idle_s / 10))
+
+    def open(self, token_id: int) -> str:
+        """A new session of the token ``token_id``; returns its id (shown to the browser only).
+
+        Ended sessions are deleted on the way, and the token's oldest beyond
+        :data:`MAX_SESSIONS_PER_TOKEN`.
+        """
+        session_id = secrets.token_urlsafe(SESSION_ID_BYTES)
+        now = self.db.clock()
+        with self.db.write() as session:
+            session.execute(delete(BrowserSessionRow).where(self._ended(now)))
+            oldest = session.scalars(
+                select(BrowserSessionRow.id)
+                .where(BrowserSessionRow.token_id == token_id)
+                .order_by(BrowserSessionRow.id.desc())
+                .offset(MAX_SESSIONS_PER_TOKEN - 1)
+            ).all()
+            if oldest:
+                session.execute(delete(BrowserSessionRow).where(BrowserSessionRow.id.in_(oldest)))
+            session.add(
+                BrowserSessionRow(
+                    digest=session_digest(session_id),
+                    token_id=token_id,
+                    created_at=now,
+                    last_seen_at=now,
+                    expires_at=now + self.max,
+                )
+            )
+        return session_id
+
+    def identify(self, session_id: str) -> Identity | None:
+        """The identity of a live session, noting its use; ``None`` when it is not one (any more)."""
+        if len(session_id) > MAX_COOKIE_CHARS:
+            return None
+        presented = session_digest(session_id)
+        now = self.db.clock()
+        with self.db.read() as session:
+            found = session.execute(
+                select(BrowserSessionRow, TokenRow)
+                .join(TokenRow, TokenRow.id == BrowserSessionRow.token_id)
+                .where(BrowserSessionRow.digest == presented)
+            ).first()
+        if found is None or not hmac.compare_digest(found[0].digest, presented):
+            return None
+        row, token = found
+        if token.revoked_at is not None or self._has_ended(row, now):
+            self.close(session_id)
+            return None
+        if now - aware(row.last_seen_at) >= self.touch:
+            with self.db.write() as session:
+                session.execute(
+                    update(BrowserSessionRow).where(BrowserSessionRow.id == row.id).values(last_seen_at=now)
+                )
+        return Identity(token_id=token.id, name=token.name, role=Role(token.role))
+
+    def close(self, session_id: str) -> None:
+        """End a session for good (nothing happens when there is none)."""
+        with self.db.write() as session:
+            session.execute(
+                delete(BrowserSessionRow).where(BrowserSessionRow.digest == session_digest(session_id))
+            )
+
+    def _has_ended(self, row: BrowserSessionRow, now: datetime) -> bool:
+        return aware(row.expires_at) <= now or aware(row.last_seen_at) + self.idle <= now
+
+    def _ended(self, now: datetime) -> ColumnElement[bool]:
+        """Sessions past a limit, or of a revoked token (an SQL condition)."""
+        revoked = select(TokenRow.id).where(TokenRow.revoked_at.is_not(None))
+        return or_(
+            BrowserSessionRow.expires_at <= now,
+            BrowserSessionRow.last_seen_at <= now - self.idle,
+            BrowserSessionRow.token_id.in_(revoked),
+        )
+
+
+def browser_sessions(request: Request) -> BrowserSessions:
+    """The app's browser sessions, with its settings' limits."""
+    services = request.app.state.services
+    settings = services.settings
+    return BrowserSessions(services.db, settings.session_idle_s, settings.session_max_s)
+
+
+def _bearer(request: Request) -> str | None:
+    """The token of ``Authorization: Bearer``, if the request carries one."""
     header = request.headers.get("authorization", "")
     scheme, _, credentials = header.partition(" ")
-    if scheme.lower() == "bearer" and credentials.strip():
-        return credentials.strip(), False
-    cookie = request.cookies.get(COOKIE)
-    return (cookie, True) if cookie else (None, False)
+    return credentials.strip() if scheme.lower() == "bearer" and credentials.strip() else None
 
 
 def here(request: Request) -> str:
@@ -78,33 +195,54 @@ def here(request: Request) -> str:
 
 
 async def viewer_of(request: Request) -> Viewer:
-    """The page's viewer; :class:`SignInRequiredError` when it needs a token the browser did not send."""
-    secret, from_cookie = _presented(request)
+    """The page's viewer; :class:`SignInRequiredError` when it needs a sign-in the browser lacks.
+
+    A bearer token that is unknown or revoked is a 401, as on the API, and takes one of the
+    address's failed authentications (429 once they are used up: :func:`authenticate_request`).
+    """
     services = request.app.state.services
-    if secret is None:
-        if services.settings.open_reads:
-            return Viewer(ANONYMOUS, None, False)
-        raise SignInRequiredError(here(request))
-    tokens: Tokens = services.tokens
-    identity = tokens.remembered(secret)
-    if identity is None:
-        try:
-            identity = await run_in_threadpool(tokens.identify, secret)
-        except UnauthorizedError:
-            if not from_cookie:
-                raise
-            raise SignInRequiredError(here(request), stale=True) from None
-    return Viewer(identity, csrf_token(secret), from_cookie)
+    bearer = _bearer(request)
+    if bearer is not None:
+        identity = await authenticate_request(request, bearer)
+        return Viewer(identity, csrf_token(bearer), False)
+    session_id = request.cookies.get(COOKIE)
+    if session_id:
+        signed_in = await run_in_threadpool(browser_sessions(request).identify, session_id)
+        if signed_in is None:
+            raise SignInRequiredError(here(request), stale=True)
+        return Viewer(signed_in, csrf_token(session_id), True)
+    if services.settings.open_reads:
+        return Viewer(ANONYMOUS, None, False)
+    raise SignInRequiredError(here(request))
 
 
 ViewerDep = Annotated[Viewer, Depends(viewer_of)]
 
 
+def _origin(scheme: str, netloc: str) -> str | None:
+    """``scheme://host[:port]`` in lower case, without the scheme's default port; ``None`` if unreadable."""
+    try:
+        parts = urlsplit(f"{scheme}://{netloc}")
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return None
+    if not host:
+        return None
+    host = f"[{host}]" if ":" in host else host
+    shown = "" if port is None or port == DEFAULT_PORTS.get(scheme.lower()) else f":{port}"
+    return f"{scheme.lower()}://{host}{shown}"
+
+
 def same_origin(request: Request) -> bool:
-    """True when a posted form comes from a page of our own origin."""
+    """True when a posted form comes from a page of our own origin.
+
+    Our origin is the request's scheme (the one a trusted proxy reports) and its ``Host``.
+    """
     origin = request.headers.get("origin")
     if origin is not None:
-        return origin == f"{request.url.scheme}://{request.url.netloc}"
+        scheme, _, netloc = origin.partition("://")
+        ours = _origin(request.url.scheme, request.url.netloc)
+        return ours is not None and _origin(scheme, netloc) == ours
     return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
 
 

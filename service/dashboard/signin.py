@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import RedirectResponse, Response
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
 from tiletune.service.auth import ANONYMOUS
 from tiletune.service.dashboard.render import render
 from tiletune.service.dashboard.session import (
     COOKIE,
-    SESSION_S,
     Viewer,
     ViewerDep,
+    browser_sessions,
     read_form,
     safe_next,
 )
-from tiletune.service.errors import UnauthorizedError
+from tiletune.service.dependencies import authenticate_request
+from tiletune.service.errors import RateLimitedError, UnauthorizedError
 
 router = APIRouter(include_in_schema=False)
 
@@ -26,38 +28,69 @@ NextQuery = Annotated[str, Query(alias="next", max_length=2000, description="the
 MAX_TOKEN_CHARS = 200
 
 
+def duration(seconds: float) -> str:
+    """A session limit in words: ``2 hours``, ``90 minutes``, ``1 hour``, ``45 seconds``."""
+    for unit, size in (("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            count = int(seconds // size)
+            return f"{count} {unit}{'s' if count != 1 else ''}"
+    return f"{seconds:g} seconds"
+
+
+def _signin_page(request: Request, next_path: str, error: str | None, status_code: int = 200) -> HTMLResponse:
+    settings = request.app.state.services.settings
+    context = {
+        "next": next_path,
+        "error": error,
+        "idle": duration(settings.session_idle_s),
+        "longest": duration(settings.session_max_s),
+    }
+    return render(request, Viewer(ANONYMOUS, None, False), "signin.html", context, status_code=status_code)
+
+
+def _is_https(request: Request) -> bool:
+    """True when the browser reached us over https (as a trusted proxy reports it)."""
+    return request.url.scheme == "https"
+
+
 @router.get("/signin")
 async def signin_page(request: Request, next_path: NextQuery = "/") -> Response:
     """The sign-in form."""
-    context = {"next": safe_next(next_path), "error": None}
-    return render(request, Viewer(ANONYMOUS, None, False), "signin.html", context)
+    return _signin_page(request, safe_next(next_path), None)
 
 
 @router.post("/signin")
 async def signin(request: Request) -> Response:
-    """Verify the posted token; set it as the session cookie and go back to ``next``."""
+    """Verify the posted token, open a browser session for it and go back to ``next``.
+
+    The cookie holds the new session's id, never the token; a session the browser had is ended.
+    Failed sign-ins are limited per address as the API's failed authentications are (429).
+    """
     fields = await read_form(request, None)
     secret = (fields.get("token") or [""])[0].strip()
     next_path = safe_next((fields.get("next") or ["/"])[0])
-    error = None
     if not secret or len(secret) > MAX_TOKEN_CHARS:
-        error = "paste a token (tt_…)"
-    else:
-        try:
-            await run_in_threadpool(request.app.state.services.tokens.identify, secret)
-        except UnauthorizedError:
-            error = "that token is unknown or revoked"
-    if error is not None:
-        context = {"next": next_path, "error": error}
-        return render(request, Viewer(ANONYMOUS, None, False), "signin.html", context, status_code=401)
+        return _signin_page(request, next_path, "paste a token (tt_…)", status_code=401)
+    try:
+        identity = await authenticate_request(request, secret)
+    except UnauthorizedError:
+        return _signin_page(request, next_path, "that token is unknown or revoked", status_code=401)
+    except RateLimitedError:
+        return _signin_page(request, next_path, "too many failed sign-ins from here; wait", status_code=429)
+    assert identity.token_id is not None  # a verified token has its row
+    sessions = browser_sessions(request)
+    previous = request.cookies.get(COOKIE)
+    if previous:
+        await run_in_threadpool(sessions.close, previous)
+    session_id = await run_in_threadpool(sessions.open, identity.token_id)
     response = RedirectResponse(next_path, status_code=303)
     response.set_cookie(
         COOKIE,
-        secret,
-        max_age=SESSION_S,
+        session_id,
+        max_age=math.ceil(request.app.state.services.settings.session_max_s),
         httponly=True,
         samesite="strict",
-        secure=request.url.scheme == "https",
+        secure=_is_https(request),
         path="/",
     )
     return response
@@ -65,8 +98,11 @@ async def signin(request: Request) -> Response:
 
 @router.post("/signout")
 async def signout(request: Request, viewer: ViewerDep) -> Response:
-    """Forget the session cookie."""
+    """End the browser's session on the server and forget its cookie."""
     await read_form(request, viewer)
+    session_id = request.cookies.get(COOKIE)
+    if viewer.from_cookie and session_id:
+        await run_in_threadpool(browser_sessions(request).close, session_id)
     response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=_is_https(request))
     return response

@@ -6,7 +6,10 @@ A page builds its tables from SQL that already sorted, filtered and cut the rows
 whatever filters the page shows, the download holds.
 
 Cells are plain values (``str``, numbers, ``None``, or a :class:`Link`), the same in the HTML
-table and in the downloads; a column's ``kind`` says how the HTML shows it.
+table and in the downloads; a column's ``kind`` says how the HTML shows it. In a CSV download a
+text cell that a spreadsheet would run as a formula (starting with ``=``, ``+``, ``-``, ``@``, a
+tab or a carriage return: names are chosen by readers, submitters and workers) starts with a
+single quote instead, as OWASP advises; numbers, and text that is a plain number, stay as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import csv
 import io
 import json
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -29,6 +33,11 @@ Kind = Literal["text", "ms", "ratio", "speedup", "when", "number", "config"]
 
 MAX_PER_PAGE = 500
 DEFAULT_PER_PAGE = 50
+
+#: First characters that make a spreadsheet read a cell as a formula.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+#: Text that is a plain decimal number (a spreadsheet reads it as that number, never a formula).
+PLAIN_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
 
 
 @dataclass(frozen=True)
@@ -117,7 +126,16 @@ def _csv_cell(value: Any) -> str:
         return ""
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
-    return str(value)
+    if isinstance(value, int | float):
+        return str(value)
+    return inert(str(value))
+
+
+def inert(text: str) -> str:
+    """``text`` as a CSV cell no spreadsheet runs as a formula (a plain number is left as it is)."""
+    if text.startswith(FORMULA_STARTS) and not PLAIN_NUMBER.fullmatch(text):
+        return "'" + text
+    return text
 
 
 def download(table: Table, fmt: Literal["csv", "json"]) -> Response:
@@ -130,7 +148,7 @@ def download(table: Table, fmt: Literal["csv", "json"]) -> Response:
         return Response(json.dumps(rows, default=str), media_type="application/json", headers=headers)
     buffer = io.StringIO()
     writer = csv.writer(buffer)
-    writer.writerow(keys)
+    writer.writerow([inert(key) for key in keys])  # the coverage table's keys are chip names
     for row in table.rows:
         writer.writerow([_csv_cell(row.get(key)) for key in keys])
     return Response(buffer.getvalue(), media_type="text/csv; charset=utf-8", headers=headers)

@@ -7,6 +7,7 @@ The route's own contract (auth, bad bodies, the rate limit) is checked in proces
 
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import threading
@@ -23,6 +24,7 @@ from starlette.routing import Match
 
 from tests.credentials import ADMIN, ADMIN_SECRET, ADMIN_TOKEN
 from tiletune.client import AsyncConfigClient, ClientSettings, ConfigClient
+from tiletune.client.wire import MAX_REPORTED_ANSWERS
 from tiletune.kernels import client_settings
 from tiletune.service import api_misses
 from tiletune.service.app import create_app
@@ -337,7 +339,7 @@ def test_the_route_needs_a_token_when_reads_are_closed(closed: TestClient) -> No
     ("body", "field"),
     [
         (report({"exact": -1}), "answers.exact"),
-        (report({"exact": 1_000_000_001}), "answers.exact"),
+        (report({"exact": MAX_REPORTED_ANSWERS + 1}), "answers.exact"),
         (report({"exact": True}), "answers.exact"),
         (report({"exact": "3"}), "answers.exact"),
         (report({"hit": 3}), "answers.hit"),
@@ -351,6 +353,31 @@ def test_a_bad_report_is_refused_naming_the_field(closed: TestClient, body: obje
     response = closed.post(ROUTE, json=body, headers=ADMIN)
     assert response.status_code == 422
     assert response.json()["field"] == field
+
+
+def test_a_count_over_the_bound_of_a_report_is_refused_and_counts_nothing(closed: TestClient) -> None:
+    assert MAX_REPORTED_ANSWERS == 100_000_000  # 20 million launches a second at the default 5 s
+    over = closed.post(ROUTE, json=report({"exact": 1, "nearest": MAX_REPORTED_ANSWERS + 1}), headers=ADMIN)
+    assert over.status_code == 422
+    assert over.json()["field"] == "answers.nearest"
+    metrics = closed.get("/metrics", headers=ADMIN).text
+    assert 'tiletune_client_answers_total{answer="exact"} 0.0' in metrics
+    assert 'tiletune_client_answers_total{answer="nearest"} 0.0' in metrics
+    at_most = closed.post(ROUTE, json=report({"nearest": MAX_REPORTED_ANSWERS}), headers=ADMIN)
+    assert (at_most.status_code, at_most.json()) == (200, {"accepted": MAX_REPORTED_ANSWERS})
+
+
+def test_a_client_sends_at_most_the_bound_and_the_rest_with_its_next_reports(tmp_path: Path) -> None:
+    with ConfigClient(None, CHIP, settings=settings(tmp_path)) as client:
+        tally = client.core.answers  # no server here: the reports are taken by hand
+        launches = MAX_REPORTED_ANSWERS + 5
+        next(itertools.islice(tally.counters["default"], launches, launches), None)  # counted as launches do
+        first, second = tally.take(), tally.take()
+        assert first is not None
+        assert second is not None
+        assert first.answers.default == MAX_REPORTED_ANSWERS
+        assert second.answers.default == 5
+        assert tally.take() is None
 
 
 def test_stats_reports_are_limited_in_buckets_apart_from_the_miss_reports(closed: TestClient) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +62,18 @@ def job_count(fleet: Fleet) -> int:
         return len(http.get("/v1/jobs", params={"limit": 1000}).json())
 
 
-def cookie_client(fleet: Fleet, role: str, **headers: str) -> httpx.Client:
-    """A client that presents ``role``'s token as the session cookie, as a signed-in browser does."""
-    return httpx.Client(base_url=fleet.url, cookies={COOKIE: fleet.tokens[role]}, headers=headers, timeout=30)
+@contextmanager
+def cookie_client(fleet: Fleet, role: str, **headers: str) -> Iterator[httpx.Client]:
+    """A client signed in with ``role``'s token through the sign-in form: it holds a session cookie."""
+    with httpx.Client(base_url=fleet.url, headers=headers, timeout=30) as client:
+        signed_in = client.post("/signin", data={"token": fleet.tokens[role], "next": "/"})
+        assert signed_in.status_code == 303, signed_in.text
+        yield client
+
+
+def csrf_of(client: httpx.Client) -> str:
+    """The CSRF token of a signed-in client's session (what its pages' forms carry)."""
+    return csrf_token(client.cookies[COOKIE])
 
 
 def miss_ids(page: Page) -> dict[str, str]:
@@ -88,15 +98,19 @@ def test_a_reader_sees_the_misses_and_counts_but_no_button(fleet: Fleet, browser
         assert page.locator("#queue-misses").count() == 0
         assert "Queue a sweep" not in page.content()
         watched.assert_clean()
-        # the reader's own (valid) CSRF token, from the sign-out form: the role still refuses
+        # the page's CSRF token is its session's, and the cookie holds a session id, not the token
         csrf = page.locator("form[action='/signout'] input[name=csrf]").get_attribute("value")
-        assert csrf == csrf_token(fleet.tokens["reader"])
+        cookie = {c["name"]: c for c in page.context.cookies()}[COOKIE]
+        assert cookie["value"] != fleet.tokens["reader"]
+        assert (cookie["httpOnly"], cookie["sameSite"]) == (True, "Strict")
+        assert csrf == csrf_token(cookie["value"])
     before = job_count(fleet)
     with cookie_client(fleet, "reader") as http:
         listed = http.get("/misses", params={"format": "json", "kernel": REPLAY_KERNEL}).json()
         ids = [str(row["id"]) for row in listed]
         assert ids
-        refused = http.post("/misses/queue", data={"csrf": csrf, "miss": ids})
+        # the reader's own (valid) CSRF token: the role still refuses
+        refused = http.post("/misses/queue", data={"csrf": csrf_of(http), "miss": ids})
     assert refused.status_code == 403, refused.text
     assert refused.json()["field"] == "authorization"
     assert job_count(fleet) == before
@@ -113,7 +127,7 @@ def test_a_forged_or_foreign_post_queues_nothing(fleet: Fleet) -> None:
         assert wrong.json()["field"] == "csrf"
         missing = http.post("/misses/queue", data={"miss": ids})
         assert missing.status_code == 403
-        right = csrf_token(fleet.tokens["submitter"])
+        right = csrf_of(http)
         foreign = http.post(
             "/misses/queue",
             data={"csrf": right, "miss": ids},
@@ -180,7 +194,7 @@ def test_the_button_queues_a_sweep_that_a_worker_runs(own_fleet: Fleet, browser:
 
         # queued once: posting the same misses again (the page's own token) queues nothing more
         with cookie_client(fleet, "submitter") as http:
-            form = {"csrf": csrf_token(fleet.tokens["submitter"]), "miss": [ids[s] for s in chosen]}
+            form = {"csrf": csrf_of(http), "miss": [ids[s] for s in chosen]}
             again = http.post("/misses/queue", data=form)
         assert again.status_code == 303
         assert again.headers["location"] == "/misses?live=2"
@@ -249,6 +263,13 @@ def report(client: TestClient, *sizes: int) -> dict[int, int]:
     return {int(row["shape"].removeprefix("n=")): row["id"] for row in listed}
 
 
+def newest_sweep(client: TestClient) -> dict[str, Any]:
+    """The newest sweep with its jobs (the listing is newest first; the sweep's own route has its jobs)."""
+    newest = client.get("/v1/sweeps").json()[0]
+    sweep: dict[str, Any] = client.get(f"/v1/sweeps/{newest['id']}").json()
+    return sweep
+
+
 def queue(client: TestClient, ids: list[Any], **fields: Any) -> httpx.Response:
     response: httpx.Response = client.post(
         "/misses/queue", data={"csrf": CSRF, "miss": [str(i) for i in ids], **fields}, follow_redirects=False
@@ -277,7 +298,7 @@ def test_queueing_makes_one_job_per_chosen_key_with_the_servers_trials(client: T
     second = queue(client, [ids[1024], ids[2048]], trials="3")
     assert second.status_code == 303
     assert re.fullmatch(r"/misses\?queued=\d+&live=1", second.headers["location"])
-    newer = client.get("/v1/sweeps").json()[0]
+    newer = newest_sweep(client)
     assert [(job["shape_key"], job["trials"]) for job in newer["jobs"]] == [("n=2048", 3)]
     # the page's filters come back with the notice
     kept = queue(client, [ids[1024]], kernel="add", show="all")
@@ -287,11 +308,11 @@ def test_queueing_makes_one_job_per_chosen_key_with_the_servers_trials(client: T
 def test_a_key_whose_job_ended_may_be_queued_again_and_a_stale_version_is_not(client: TestClient) -> None:
     ids = report(client, 1024, 2048)
     first = queue(client, [ids[1024]])
-    job_id = client.get("/v1/sweeps").json()[0]["jobs"][0]["id"]
+    job_id = newest_sweep(client)["jobs"][0]["id"]
     assert client.post(f"/v1/jobs/{job_id}/cancel").status_code == 200
     again = queue(client, [ids[1024]])
     assert again.headers["location"] != first.headers["location"]
-    assert client.get("/v1/sweeps").json()[0]["jobs"][0]["state"] == "queued"
+    assert newest_sweep(client)["jobs"][0]["state"] == "queued"
     app: FastAPI = client.app  # type: ignore[assignment]
     with app.state.services.db.write() as session:
         row = session.get(MissRow, ids[2048])

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import httpx
 from playwright.sync_api import Browser
+
+from tiletune.service.dashboard.session import COOKIE
 
 from .browser import screenshot, watched_page
 from .conftest import REPLAY_CHIP, REPLAY_KERNEL, VARIANTS, Fleet
@@ -68,3 +71,21 @@ def test_a_browser_gets_errors_as_pages_and_the_api_keeps_json(fleet: Fleet, bro
         assert answer.json()["code"] == "not_found"
         api = http.get("/v1/jobs/999999", headers={"Accept": "text/html"})
         assert api.json()["code"] == "not_found"
+
+
+def test_signing_out_ends_the_browsers_session_on_the_server(fleet: Fleet, browser: Browser) -> None:
+    with watched_page(browser, fleet.url, fleet.tokens["reader"]) as watched:
+        page = watched.goto("/")
+        session_id = {c["name"]: c["value"] for c in page.context.cookies()}[COOKIE]
+        assert session_id != fleet.tokens["reader"]
+        with page.expect_navigation(wait_until="networkidle"):
+            page.click("form[action='/signout'] button[type=submit]")
+        assert page.context.cookies() == []
+        page.goto(f"{fleet.url}/jobs", wait_until="networkidle")
+        assert page.url.startswith(f"{fleet.url}/signin?next=")
+        watched.assert_clean()
+    # a copy of the cookie kept from before is no session any more
+    with httpx.Client(base_url=fleet.url, cookies={COOKIE: session_id}, timeout=30) as http:
+        answer = http.get("/jobs")
+    assert answer.status_code == 303
+    assert answer.headers["location"].startswith("/signin?next=")

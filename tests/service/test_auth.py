@@ -6,12 +6,14 @@ error body, and change nothing: every table is read before and after and compare
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tests.service.conftest import snapshot
@@ -269,3 +271,76 @@ def test_the_openapi_document_declares_the_bearer_scheme(world: World) -> None:
     schemes = document["components"]["securitySchemes"].values()
     assert [(s["type"], s["scheme"]) for s in schemes] == [("http", "bearer")]
     assert "security" in document["paths"]["/v1/sweeps"]["post"]
+
+
+def _bearer(made: Any) -> dict[str, str]:
+    return {"Authorization": f"Bearer {made.json()['token']}"}
+
+
+def test_failed_authentications_are_limited_per_address_and_valid_tokens_pass(database_url: str) -> None:
+    upgrade(database_url)
+    settings = Settings(
+        db_url=database_url, admin_token=ADMIN_SECRET, auth_failure_burst=3, auth_failures_per_s=0.001
+    )
+    app = create_app(settings, reaper=False)
+    bogus = {"Authorization": "Bearer tt_a-guess"}
+    with TestClient(app, client=("192.0.2.1", 40000)) as client:
+        readers = [
+            _bearer(client.post("/v1/tokens", json={"role": "reader"}, headers=ADMIN)) for _ in range(5)
+        ]
+        for reader in readers[:4]:  # valid tokens looked up: no failure is taken
+            assert client.get("/v1/jobs", headers=reader).status_code == 200
+        for _ in range(3):
+            guessed = client.get("/v1/jobs", headers=bogus)
+            assert (guessed.status_code, guessed.json()["code"]) == (401, "unauthorized")
+        limited = client.get("/v1/jobs", headers=bogus)
+        assert limited.status_code == 429
+        assert limited.json() == {
+            "code": "rate_limited",
+            "message": "too many failed authentications from this address; try again later",
+            "field": "authorization",
+        }
+        assert int(limited.headers["retry-after"]) >= 1
+        assert client.post("/v1/sweeps", json=SWEEP, headers=bogus).status_code == 429
+        assert client.get("/v1/jobs", headers=readers[0]).status_code == 200  # verified before: passes
+        assert client.get("/v1/jobs", headers=readers[4]).status_code == 429  # not looked up meanwhile
+        assert client.get("/livez").status_code == 200
+    elsewhere = TestClient(app, client=("198.51.100.7", 40000))
+    assert elsewhere.get("/v1/jobs", headers=bogus).status_code == 401  # another address: its own budget
+    assert elsewhere.get("/v1/jobs", headers=readers[4]).status_code == 200
+
+
+def test_an_admin_token_the_database_does_not_know_is_ignored_with_a_warning(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    upgrade(database_url)
+    create_app(Settings(db_url=database_url, admin_token=ADMIN_SECRET), reaper=False)  # the first admin
+    caplog.set_level(logging.WARNING, logger="tiletune.service.auth")
+
+    create_app(Settings(db_url=database_url, admin_token=ADMIN_SECRET), reaper=False)
+    assert caplog.records == []  # a known token: nothing to say
+
+    other = "tt_another-deployments-admin-token-0123456789abcdefg"
+    app = create_app(Settings(db_url=database_url, admin_token=SecretStr(other)), reaper=False)
+    warnings = [record.getMessage() for record in caplog.records]
+    assert len(warnings) == 1
+    assert warnings[0].startswith("TILETUNE_ADMIN_TOKEN is ignored: the database has tokens already")
+    assert other not in caplog.text
+    with TestClient(app) as client:
+        assert client.get("/v1/tokens", headers={"Authorization": f"Bearer {other}"}).status_code == 401
+        assert len(client.get("/v1/tokens", headers=ADMIN).json()) == 1
+
+    caplog.clear()
+    admin_id = 1
+    second = (
+        TestClient(app).post("/v1/tokens", json={"role": "admin", "name": "second"}, headers=ADMIN).json()
+    )
+    revoked = TestClient(app).post(
+        f"/v1/tokens/{admin_id}/revoke", headers={"Authorization": f"Bearer {second['token']}"}
+    )
+    assert revoked.status_code == 200, revoked.text
+    create_app(Settings(db_url=database_url, admin_token=ADMIN_SECRET), reaper=False)
+    assert [record.getMessage() for record in caplog.records] == [
+        "TILETUNE_ADMIN_TOKEN is ignored: it is the token 'admin' (id 1), revoked"
+    ]
+    assert ADMIN_SECRET.get_secret_value() not in caplog.text

@@ -58,23 +58,23 @@ def test_a_stopped_worker_releases_its_lease_and_the_job_goes_back_to_the_queue(
     # measured must still be told before it releases the lease.
     tells = 0
     told: set[int] = set()
-    original_request = client.request
+    original_send = client.send
 
-    def request(method: str, url: str, **kwargs: Any) -> httpx.Response:
+    def send(request: httpx.Request, **kwargs: Any) -> httpx.Response:
         nonlocal tells
-        if url.endswith("/tell"):
+        if request.url.path.endswith("/tell"):
             tells += 1
-            told.update(outcome["trial_id"] for outcome in json.loads(kwargs["content"])["outcomes"])
+            told.update(outcome["trial_id"] for outcome in json.loads(request.content)["outcomes"])
             if tells == 3:
                 worker.stop()
-        response: httpx.Response = original_request(method, url, **kwargs)
+        response: httpx.Response = original_send(request, **kwargs)
         return response
 
-    client.request = request  # type: ignore[method-assign]
+    client.send = send
     try:
         worker.run(once=True)
     finally:
-        client.request = original_request  # type: ignore[method-assign]
+        client.send = original_send
     job = client.get("/v1/jobs").json()[0]
     assert job["state"] == "queued"
     assert job["progress"]["completed"] == len(told) >= 3

@@ -75,5 +75,15 @@ class GeluSpec(KernelSpec):
     def bytes_moved(self, shape: Shape, dtype: str) -> float:
         return 2.0 * shape["n"] * element_size(dtype)
 
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``x`` and ``out``, ``n`` elements each (a spec that declares none is counted from
+        ``bytes_moved``: see :class:`~tiletune.kernels.spec.KernelSpec`)."""
+        size = shape["n"] * element_size(dtype)
+        return {"x": size, "out": size}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference works in float64: its copy of ``x`` and its result, 8 bytes an element."""
+        return {"x_float64": 8 * shape["n"], "reference": 8 * shape["n"]}
+
 
 SPEC = GeluSpec()
