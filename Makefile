@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN := torch==2.13.0
 
-.PHONY: setup relink run test lint typecheck unit bench-replay bench-quality clean
+.PHONY: setup relink run test lint typecheck unit docs bench-replay bench-quality clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -45,7 +45,12 @@ typecheck: relink
 unit: relink
 	$(BIN)/pytest
 
-test: lint typecheck unit
+# The documentation site, built strictly: a broken link, anchor or missing page fails
+# (not --quiet: it hides the warnings that strict mode counts).
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+test: lint typecheck docs unit
 
 bench-replay: setup
 	$(BIN)/python benchmarks/search_replay.py
@@ -54,4 +59,4 @@ bench-quality: setup
 	$(BIN)/python benchmarks/tuning_quality.py --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache site

@@ -58,6 +58,7 @@ from typing import Any
 
 import optuna
 
+from tiletune.kernels.recorded import replay_spaces
 from tiletune.tuner.quality import (
     budget_needed,
     budget_trials,
@@ -67,7 +68,7 @@ from tiletune.tuner.quality import (
     log_auc,
     trials_to_reach,
 )
-from tiletune.tuner.replay import ReplaySpace, load_replay, replay_spaces
+from tiletune.tuner.replay import ReplaySpace, load_replay
 from tiletune.tuner.search import STRATEGIES, Config, Search, TpeOptions
 from tiletune.tuner.warm_start import interleave_seeds
 

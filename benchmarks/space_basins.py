@@ -25,8 +25,9 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tiletune.kernels.recorded import replay_spaces
 from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.replay import ReplaySpace, load_replay, replay_spaces
+from tiletune.tuner.replay import ReplaySpace, load_replay
 
 REACH = 0.97
 

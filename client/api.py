@@ -56,7 +56,6 @@ from tiletune.client.calls import (
     ServerUnreachableError,
     UnexpectedAnswerError,
     checked,
-    redacted,
 )
 from tiletune.client.wire import (
     AskPublic,
@@ -174,7 +173,7 @@ def _failure(url: str, call: Call[R], error: httpx.HTTPError, deadline: Deadline
     if isinstance(error, httpx.TransportError):
         return ServerUnreachableError(f"cannot reach the server at {url} ({type(error).__name__}: {error})")
     return UnexpectedAnswerError(
-        f"{url}{redacted(call.path)} answered something that cannot be read ({type(error).__name__}: {error})"
+        f"{url}{call.path} answered something that cannot be read ({type(error).__name__}: {error})"
     )
 
 
@@ -205,7 +204,7 @@ class Deadline:
 
     def missed(self, url: str, call: Call[Any]) -> str:
         """The message of a call that ran out of time."""
-        return f"no complete answer from {url}{redacted(call.path)} within {self.seconds:g} s (its deadline)"
+        return f"no complete answer from {url}{call.path} within {self.seconds:g} s (its deadline)"
 
     @contextlib.contextmanager
     def on_this_thread(self) -> Iterator[None]:
@@ -574,14 +573,13 @@ class ServiceApi:
                 if self.retry.max_server_errors is not None and server_errors >= self.retry.max_server_errors:
                     raise
                 delay_s = self.retry.backoff.delay_s(failures - 1)
-                where = redacted(call.path)
-                log.warning("server away: %s: %s; retry %d in %.1f s", where, fault, failures, delay_s)
+                log.warning("server away: %s: %s; retry %d in %.1f s", call.path, fault, failures, delay_s)
                 self.retry.wait(delay_s)
                 if limit is None and self.retry.stopping.is_set():
-                    raise StopRequestedError(redacted(call.path)) from None
+                    raise StopRequestedError(call.path) from None
                 continue
             if failures:
-                log.info("server answers again (%s, after %d failed attempts)", redacted(call.path), failures)
+                log.info("server answers again (%s, after %d failed attempts)", call.path, failures)
             return answer
 
     def _once(self, call: Call[R]) -> R:
@@ -600,7 +598,7 @@ class ServiceApi:
         with deadline.on_this_thread():
             response = self._http.send(request, stream=True)
             try:
-                body = CappedBody(response, max_bytes, f"{self.url}{redacted(call.path)}")
+                body = CappedBody(response, max_bytes, f"{self.url}{call.path}")
                 for raw in _raw_chunks(response):
                     for _step in body.feed(raw):
                         deadline.check()
@@ -645,7 +643,7 @@ class ServiceApi:
         return self.send(calls.lease(worker_id))
 
     def heartbeat(self, token: str, attempts: int | None = None) -> LeasePublic:
-        """``POST /v1/leases/{token}/heartbeat``."""
+        """``POST /v1/lease/heartbeat`` (the lease token in its header)."""
         return self.send(calls.heartbeat(token), attempts)
 
     def ask(self, token: str, n: int, holding: Sequence[int] = ()) -> AskPublic:
@@ -657,11 +655,11 @@ class ServiceApi:
         return self.send(calls.tell(token, outcomes), attempts)
 
     def complete(self, token: str, results: Sequence[ValidatedConfig]) -> None:
-        """``POST /v1/leases/{token}/complete``."""
+        """``POST /v1/lease/complete``."""
         self.send(calls.complete(token, results))
 
     def release(self, token: str, reason: str, failed: bool, attempts: int | None = None) -> None:
-        """``POST /v1/leases/{token}/release``."""
+        """``POST /v1/lease/release``."""
         self.send(calls.release(token, reason, failed), attempts)
 
 
@@ -721,7 +719,7 @@ class AsyncServiceApi:
         max_bytes = call.max_bytes if call.max_bytes is not None else self.max_bytes
         response = await self._http.send(request, stream=True)
         try:
-            body = CappedBody(response, max_bytes, f"{self.url}{redacted(call.path)}")
+            body = CappedBody(response, max_bytes, f"{self.url}{call.path}")
             async for raw in _async_raw_chunks(response):
                 for _step in body.feed(raw):
                     await asyncio.sleep(0)  # a large body never holds the event loop

@@ -68,16 +68,6 @@ R = TypeVar("R")
 Document = TypeVar("Document", bound=BaseModel)
 
 LEASE_LOST_CODE = "lease_lost"
-#: A lease token in a path of the worker protocol (``/v1/leases/{token}/...``).
-_LEASE_PATH = re.compile(r"(/v1/leases/)[^/?#\s]+")
-
-
-def redacted(text: str) -> str:
-    """``text`` with every lease token in a worker-protocol path replaced by ``***`` (for logs)."""
-    if "/v1/leases/" not in text:  # every access log line passes here: the common case is cheap
-        return text
-    return _LEASE_PATH.sub(r"\1***", text)
-
 
 #: The longest reason a release carries (the server's limit).
 MAX_RELEASE_REASON = 2000
@@ -111,7 +101,7 @@ class ServerRefusedError(ApiError):
             detail = f"{error.code}: {error.message}{field} ({status} {error.code})"
         else:
             detail = f"HTTP {status}: {text[:300]}"
-        super().__init__(f"the server refused {redacted(path)}: {detail}")
+        super().__init__(f"the server refused {path}: {detail}")
         self.path = path
         self.status = status
         self.code = error.code if error is not None else None
@@ -203,7 +193,7 @@ def document(model: type[Document]) -> Callable[[httpx.Response], Document]:
         try:
             return model.model_validate_json(response.content)
         except ValueError:
-            where = redacted(str(response.request.url))
+            where = str(response.request.url)
             what = f"a tiletune {model.__name__}"
             raise UnexpectedAnswerError(
                 f"{where} answered something that is not {what} (a tiletune server?)"
@@ -226,7 +216,7 @@ def listing(model: type[Document], what: str) -> Callable[[httpx.Response], list
         try:
             decoded: list[Document] = adapter.validate_json(response.content)
         except ValueError:
-            where = redacted(str(response.request.url))
+            where = str(response.request.url)
             raise UnexpectedAnswerError(f"{where} answered something that is not {what}") from None
         return decoded
 

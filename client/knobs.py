@@ -9,38 +9,28 @@ The rules (pure logic; no function here raises, whatever it is given):
 - **values**, with its ``knob_values`` and a ``clamp_rule`` this client knows: each value is
   one of :func:`allowed_values` for the shape, exactly what ``KernelSpec.knob_values(shape)``
   gives on the server: a knob's candidates, a tile knob's (``clamp_to``) clamped by its dim
-  ``d`` and deduplicated, ``min(v, d)`` for the rule ``min`` (the base spec's),
-  ``min(v, max(pow2_ceil(d), min(values)))`` for ``pow2_ceil`` (the Triton kernels'). A rule
-  this client does not know (a newer server's) checks the names and structure only.
+  ``d`` and deduplicated by the rule the kernel declares, evaluated by
+  :func:`tiletune.client.space.knob_values` as the kernels themselves evaluate it (``min``:
+  ``min(v, d)``; ``pow2_ceil``: ``min(v, max(pow2_ceil(d), min(values)))``). A rule this
+  client does not know (a newer server's) checks the names and structure only.
 
 :func:`adapt` snaps a nearest shape's config down to the values the asked shape allows,
-as the server adapts its own nearest answers (``tiletune.service.lookup.adapt``).
+as the server adapts its own nearest answers (both with :func:`tiletune.client.space.adapt`).
 
-Standard library and the wire only.
+Standard library, the wire and :mod:`tiletune.client.space` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from tiletune.client import space
 from tiletune.client.keys import is_identifier, kind_of
+from tiletune.client.space import CLAMP_RULES, Knob, clamp_cap, knob_values
 from tiletune.client.wire import MAX_DIM, KernelInfo
 
 #: The most knobs a config has (the wire's ``Config``).
 MAX_KNOBS = 32
-#: How a tile knob's values are clamped by its dim; every rule this client knows.
-CLAMP_RULES = ("min", "pow2_ceil")
-
-
-def pow2_ceil(value: int) -> int:
-    """The smallest power of two >= ``value`` (1 for values below 2)."""
-    return 1 if value < 2 else 1 << (value - 1).bit_length()
-
-
-def clamped(values: Sequence[int], dim: int, rule: str) -> tuple[int, ...]:
-    """``values`` clamped by ``dim`` under ``rule`` (one of :data:`CLAMP_RULES`), sorted, deduplicated."""
-    cap = max(pow2_ceil(dim), min(values)) if rule == "pow2_ceil" else dim
-    return tuple(sorted({min(value, cap) for value in values}))
 
 
 def structure_problem(config: object) -> str | None:
@@ -71,20 +61,17 @@ def allowed_values(info: KernelInfo, shape: Mapping[str, int]) -> dict[str, tupl
     try:
         if info.knob_values is None or info.clamp_rule not in CLAMP_RULES:
             return None
-        values: dict[str, tuple[int, ...]] = {}
-        for knob in info.knobs:
-            candidates = info.knob_values.get(knob)
+        knobs: list[Knob] = []
+        for name in info.knobs:
+            candidates = info.knob_values.get(name)
             if not candidates:
                 return None
-            dim_name = info.clamp_to.get(knob)
-            if dim_name is None:
-                values[knob] = tuple(sorted(set(candidates)))
-                continue
-            dim = shape.get(dim_name)
-            if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0:
+            dim_name = info.clamp_to.get(name)
+            dim = shape.get(dim_name) if dim_name is not None else 1
+            if type(dim) is not int or dim <= 0:
                 return None
-            values[knob] = clamped(candidates, dim, info.clamp_rule)
-        return values
+            knobs.append(Knob(name, tuple(sorted(set(candidates))), "", dim_name, info.clamp_rule))
+        return knob_values(knobs, shape)
     except Exception:  # a malformed info: nothing known
         return None
 
@@ -148,14 +135,15 @@ class KnobCheck:
     def _allowed(
         self, value: int, known: tuple[frozenset[int], int, str | None], shape: Mapping[str, int]
     ) -> bool:
-        """Whether ``value`` is one of :func:`clamped` (the candidates under the dim), without building it."""
+        """Whether ``value`` is one of :func:`~tiletune.client.space.clamped` (the candidates under
+        the dim), without building it."""
         candidates, largest, dim_name = known
         if dim_name is None:
             return value in candidates
         dim = shape.get(dim_name)
         if type(dim) is not int or dim <= 0:
             return False
-        cap = max(pow2_ceil(dim), min(candidates)) if self.rule == "pow2_ceil" else dim
+        cap = clamp_cap(candidates, dim, self.rule)
         return (value in candidates and value <= cap) or (value == cap and largest >= cap)
 
 
@@ -185,10 +173,4 @@ def adapt(
     allowed = allowed_values(info, shape)
     if allowed is None:
         return dict(config) if not info.knobs or set(config) == set(info.knobs) else None
-    if set(config) != set(allowed):
-        return None
-    adapted: dict[str, int] = {}
-    for name, value in config.items():
-        below = [candidate for candidate in allowed[name] if candidate <= value]
-        adapted[name] = max(below) if below else min(allowed[name])
-    return adapted
+    return space.adapt(config, allowed)

@@ -36,6 +36,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, Valid
 MAX_DB_INT = 2**63 - 1
 #: The largest dim or knob value (2^40: far beyond any tensor a chip holds).
 MAX_DIM = 2**40
+#: The most cores a chip may report (``ChipWire.cores``): far above any host's today.
+MAX_CORES = 1 << 16
 #: The most milliseconds a measurement may report (about 11.6 days), and the fewest (1 ns: no
 #: timer resolves less, so a smaller time is made up).
 MAX_MS = 1e9
@@ -394,6 +396,9 @@ class ChipWire(_Request):
     local_memory_bytes: int = Field(gt=0, le=MAX_DIM, strict=True)
     max_buffer_num: int = Field(default=4, ge=1, le=64, strict=True)
     alignment_bytes: int = Field(default=32, ge=1, le=4096, strict=True)
+    #: The cores the native kernels may spread a call over (a CPU's thread pool); ``None`` from
+    #: a worker that does not report it.
+    cores: int | None = Field(default=None, ge=1, le=MAX_CORES, strict=True)
 
 
 class WorkerCreate(_Request):
@@ -549,7 +554,7 @@ class LookupPublic(_Response):
     ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
     nearest shape of the same kernel version, chip and dtype), ``default``
     (the kernel's built-in rule). ``best`` carries provenance unless default.
-    ``knob_values``: each knob's values for this shape (``KernelSpec.knob_values``),
+    ``knob_values``: each knob's values for this shape on this chip (``KernelSpec.knob_values``),
     which the client checks ``config`` against (``None`` from a server that does not send them).
     """
 
@@ -575,7 +580,10 @@ class KernelInfo(_Response):
     follow a rule of its own); ``clamp_to`` the dim each tile knob is clamped to for a
     shape, by ``clamp_rule`` (``min``: ``min(value, dim)``; ``pow2_ceil``:
     ``min(value, max(pow2_ceil(dim), min(values)))``). A rule a client does not know
-    leaves it checking the knob names alone.
+    leaves it checking the knob names alone. In a chip's bundle the values are that chip's
+    (a knob that runs up to the chip's cores, the native kernels' ``block_dim``, lists the
+    values up to the cores its workers report). The rules are
+    :mod:`tiletune.client.space`'s, where the kernels declare them.
     """
 
     name: str

@@ -30,10 +30,11 @@ text format) and ``ClientSettings`` (for ``client_settings``); never tiletune.tu
 tiletune.service or other client internals.
 """
 
+from tiletune.client.space import Dim, Knob
 from tiletune.kernels.defaults import client_settings
 from tiletune.kernels.launcher import ConfigSource, Selection, launch, select_config, tiled
 from tiletune.kernels.registry import all_kernels, get_kernel
-from tiletune.kernels.spec import Config, DeviceLimits, Dim, KernelSpec, Knob, Shape
+from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape
 
 __all__ = [
     "Config",

@@ -10,8 +10,7 @@ torch_npu, imported only when an NPU is asked for, so its absence is a clear
 
 Chip names and the software fingerprint are built by :mod:`tiletune.client.chip`
 (standard library only), so the names workers register and the names runtime
-clients look configs up under are equal by construction;
-``software_fingerprint`` is re-exported here.
+clients look configs up under are equal by construction.
 
 The ``replay`` kind (:class:`ReplayDevice`) is no hardware: one chip, :data:`REPLAY_CHIP`,
 on which replay kernels (:mod:`tiletune.kernels.replay_kernels`) are "measured" by looking
@@ -32,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name, software_fingerprint
+from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name
 from tiletune.client.wire import DEVICE_KINDS
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
 from tiletune.kernels.replay_kernels import REPLAY_KIND
@@ -51,7 +50,6 @@ __all__ = [
     "available_kinds",
     "cpu_chip",
     "get_device",
-    "software_fingerprint",
 ]
 
 #: Unified buffer per AI core and queue-buffer limit by Ascend SoC family (published

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiletune.client.space import Dim, Knob, snap_down
 from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
@@ -46,9 +47,7 @@ from tiletune.kernels.spec import (
     PIPELINE_DEPTH,
     Config,
     DeviceLimits,
-    Dim,
     KernelSpec,
-    Knob,
     Shape,
     element_size,
     expect_inputs,
@@ -57,7 +56,6 @@ from tiletune.kernels.spec import (
     float32_copies,
     heuristic_tiling,
     pow2_floor,
-    snap_down,
     torch_dtype,
 )
 

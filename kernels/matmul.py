@@ -26,6 +26,7 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import Dim, Knob, snap_down
 from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import (
@@ -33,9 +34,7 @@ from tiletune.kernels.spec import (
     PIPELINE_DEPTH,
     Config,
     DeviceLimits,
-    Dim,
     KernelSpec,
-    Knob,
     Shape,
     element_size,
     expect_inputs,
@@ -44,7 +43,6 @@ from tiletune.kernels.spec import (
     float32_copies,
     heuristic_tiling,
     pow2_floor,
-    snap_down,
     torch_dtype,
 )
 

@@ -6,7 +6,8 @@ the portable PyTorch spec, reusing its dims, tile knobs, working set, default ru
 maker, reference, flop and byte counts and ``shape_of``, and adds one knob:
 
 - ``block_dim``: the cores the tiles are spread over (Ascend C's block dim), 1 … all the
-  cores torch's thread pool has here; more cores than tiles is invalid (idle cores).
+  chip's cores (``DeviceLimits.cores``, which workers report; where not known, the cores
+  torch's thread pool has here); more cores than tiles is invalid (idle cores).
 
 Its implementation is C++ in ``kernels/csrc`` (see ``native.h`` there for how a core runs
 its tiles: ``buffer_num`` local slots per queue, copy-in → compute → copy-out, copy-ins issued
@@ -29,10 +30,11 @@ from typing import ClassVar
 
 import torch
 
+from tiletune.client.space import Knob, pow2_up_to, snap_down
 from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.native_build import native_module, native_status
 from tiletune.kernels.pipeline import require_backend
-from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Knob, Shape
+from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape
 
 NATIVE_BACKEND = "native"
 PORTABLE_BACKEND = "torch"
@@ -43,16 +45,20 @@ def all_cores() -> int:
     return max(1, torch.get_num_threads())
 
 
-def block_dim_values(cores: int) -> tuple[int, ...]:
-    """1, 2, 4, … up to ``cores``, and ``cores`` itself."""
-    return tuple(sorted({1 << p for p in range(cores.bit_length()) if 1 << p <= cores} | {cores}))
-
-
+#: Declared ``up_to`` the chip's cores: on a chip whose limits report them, 1, 2, 4, … its cores;
+#: where they are not known (a worker that does not report them, a local run without limits), the
+#: cores torch's thread pool has here.
 BLOCK_DIM = Knob(
     "block_dim",
-    block_dim_values(all_cores()),
+    pow2_up_to(all_cores()),
     "cores the tiles are spread over (Ascend C's block dim); each core runs its tiles' pipeline",
+    up_to="cores",
 )
+
+
+def cores_of(limits: DeviceLimits | None) -> int:
+    """The cores a native kernel spreads over on a chip of ``limits``: theirs, else :func:`all_cores`."""
+    return limits.cores if limits is not None and limits.cores is not None else all_cores()
 
 
 def native_backends() -> tuple[str, ...]:
@@ -133,11 +139,12 @@ class NativeSpec(KernelSpec):
     def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
         """The portable rule's config, its tiles spread over ``min(cores, tiles)`` cores."""
         config = self.portable.default_config(self, shape, dtype, limits)
-        return self._with_block_dim(config, shape)
+        return self._with_block_dim(config, shape, cores_of(limits))
 
-    def _with_block_dim(self, config: Config, shape: Shape) -> Config:
-        cores = snap_block_dim(min(all_cores(), self.tile_count(config, shape)))
-        merged = {**config, "block_dim": cores}
+    def _with_block_dim(self, config: Config, shape: Shape, cores: int) -> Config:
+        """``config`` with ``block_dim``: the most of a chip of ``cores`` cores' values the tiles use."""
+        block_dim = snap_down(min(cores, self.tile_count(config, shape)), pow2_up_to(cores))
+        merged = {**config, "block_dim": block_dim}
         return {knob.name: merged[knob.name] for knob in self.knobs}
 
     def run(
@@ -153,15 +160,9 @@ class NativeSpec(KernelSpec):
             if not tensor.is_cpu:
                 raise ValueError(f"{self.name}: native kernels run on CPU tensors, got {tensor.device}")
         if "block_dim" not in config:
-            config = self._with_block_dim(config, shape)
+            config = self._with_block_dim(config, shape, all_cores())
         try:
             module = native_module()
         except DeviceUnavailableError as error:
             raise DeviceUnavailableError(f"{self.name}: {error}") from None
         return self.launch(module, [t.contiguous() for t in inputs], config, shape)
-
-
-def snap_block_dim(cores: int) -> int:
-    """The largest ``block_dim`` knob value <= ``cores`` (at least 1)."""
-    below = [v for v in BLOCK_DIM.values if v <= cores]
-    return max(below) if below else 1

@@ -58,6 +58,7 @@ from typing import Any, NoReturn
 
 import torch
 
+from tiletune.client.space import Dim, Knob
 from tiletune.kernels.recorded import (
     Key,
     RecordedOutcome,
@@ -66,7 +67,7 @@ from tiletune.kernels.recorded import (
     load_recorded,
     replay_spaces,
 )
-from tiletune.kernels.spec import Config, DeviceLimits, Dim, KernelSpec, Knob, Shape
+from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape
 
 #: Environment variable naming the directory whose recorded spaces become replay kernels.
 REPLAY_KERNELS_ENV = "TILETUNE_REPLAY_KERNELS"
@@ -149,10 +150,6 @@ class ReplayKernelSpec(KernelSpec):
         return knobs
 
     # -- the spec's contract -------------------------------------------------------------------
-
-    def knob_values(self, shape: Shape) -> dict[str, tuple[int, ...]]:
-        """The recorded knob values, the same for every variant."""
-        return dict(self.recording.knobs)
 
     def invalid_reason(self, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> str | None:
         """Why ``config`` is never measured (not in the recorded cache), or ``None``."""

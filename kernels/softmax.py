@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from tiletune.client.space import Dim, Knob, snap_down
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native_spec import NATIVE_BACKEND, native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
@@ -39,15 +40,12 @@ from tiletune.kernels.spec import (
     PIPELINE_DEPTH,
     Config,
     DeviceLimits,
-    Dim,
     KernelSpec,
-    Knob,
     Shape,
     element_size,
     expect_inputs,
     float32_copies,
     heuristic_tiling,
-    snap_down,
     torch_dtype,
 )
 

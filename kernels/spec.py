@@ -3,7 +3,9 @@
 A kernel declares, once and declaratively:
 
 - ``dims``: the named problem dims of a call (its *shape*), in canonical order;
-- ``knobs``: the tuning knobs and their candidate values (the search space);
+- ``knobs``: the tuning knobs and their candidate values (the search space), each with its
+  value rule declared as data (:mod:`tiletune.client.space`, torch-free, where the rules are
+  evaluated for the kernels, the server and the clients alike);
 - constraints: ``invalid_reason`` rejects a config before it is ever run, from
   the chip's limits (the working set must fit the local memory: UB on Ascend,
   shared memory on GPUs, L2 per core on CPUs) and the pipeline rules;
@@ -36,7 +38,13 @@ from types import MappingProxyType
 
 import torch
 
-from tiletune.client import wire
+from tiletune.client import space, wire
+
+# A plugin written against this contract imports the declaration's types from here too.
+from tiletune.client.space import DeviceLimits as DeviceLimits  # noqa: PLC0414
+from tiletune.client.space import Dim as Dim  # noqa: PLC0414
+from tiletune.client.space import Knob as Knob  # noqa: PLC0414
+from tiletune.client.space import snap_down as snap_down  # noqa: PLC0414
 from tiletune.kernels.errors import ConfigError, DTypeError, ShapeError
 
 Shape = dict[str, int]
@@ -145,54 +153,6 @@ def expect_size(name: str, got: int, expected: int, what: str) -> None:
 
 
 @dataclass(frozen=True)
-class DeviceLimits:
-    """What a chip allows a kernel's tiles, used by constraints before anything runs.
-
-    ``local_memory_bytes`` is the fast memory one core's tiles must fit in: the
-    unified buffer (UB) of an Ascend AI core, shared memory per block on a GPU,
-    the L2 cache per core on a CPU. ``max_buffer_num`` is how many buffers a
-    queue may rotate (Ascend C: 4 per position on training parts, 8 on A2).
-    ``alignment_bytes`` is the granularity tiles are padded to in local memory.
-    ``kind`` is the device kind (``cpu``, ``cuda``, ``npu``) for rules that differ
-    by kind: e.g. Triton on Ascend has no warps and only single or double buffers.
-    """
-
-    local_memory_bytes: int
-    max_buffer_num: int = 4
-    alignment_bytes: int = 32
-    kind: str = "cpu"
-
-
-@dataclass(frozen=True)
-class Dim:
-    """One named problem dim. ``choices`` set for categorical dims (e.g. causal: 0/1)."""
-
-    name: str
-    doc: str
-    choices: tuple[int, ...] | None = None
-
-    @property
-    def categorical(self) -> bool:
-        """True when the dim selects a variant rather than a size (never interpolated)."""
-        return self.choices is not None
-
-
-@dataclass(frozen=True)
-class Knob:
-    """One tuning knob and its candidate values.
-
-    ``clamp_to`` names the dim a tile knob tiles: for a given shape its values
-    are clamped to that dim (``min(value, dim)``) and deduplicated, so a tile
-    never exceeds its problem and "the whole dim" is always a candidate.
-    """
-
-    name: str
-    values: tuple[int, ...]
-    doc: str
-    clamp_to: str | None = None
-
-
-@dataclass(frozen=True)
 class HeuristicTiling:
     """The output of the hand-written rule, before a kernel maps it onto its knobs."""
 
@@ -217,12 +177,6 @@ def heuristic_tiling(total_elements: int, element_bytes: int, local_memory_bytes
     if tile * element_bytes * buffers > local_memory_bytes // 3:
         tile = 512
     return HeuristicTiling(tile, buffers, 3)
-
-
-def snap_down(value: int, candidates: Sequence[int]) -> int:
-    """The largest candidate <= value, or the smallest candidate if none is."""
-    below = [c for c in candidates if c <= value]
-    return max(below) if below else min(candidates)
 
 
 def pow2_floor(value: float) -> int:
@@ -338,19 +292,20 @@ class KernelSpec(ABC):
                     f"the widest dtype); at most {format_bytes(MAX_TENSOR_BYTES)} per tensor",
                 )
 
-    def knob_values(self, shape: Shape) -> dict[str, tuple[int, ...]]:
-        """Candidate values of each knob for this shape (tile knobs clamped to their dim)."""
-        values: dict[str, tuple[int, ...]] = {}
-        for knob in self.knobs:
-            if knob.clamp_to is None:
-                values[knob.name] = knob.values
-            else:
-                limit = shape[knob.clamp_to]
-                values[knob.name] = tuple(sorted({min(v, limit) for v in knob.values}))
-        return values
+    def knob_values(self, shape: Shape, limits: DeviceLimits | None = None) -> dict[str, tuple[int, ...]]:
+        """Candidate values of each knob for this shape on a chip of ``limits``, by each knob's
+        declared value rule (:func:`tiletune.client.space.knob_values`: tile knobs clamped by their
+        dim, a knob declared ``up_to`` a limit running up to the chip's where ``limits`` know it).
 
-    def parse_config(self, raw: Mapping[str, object], shape: Shape) -> Config:
-        """Validate a config against the knob values for ``shape``; canonical knob order."""
+        A spec describes its values by declaring its knobs; one that overrides this method
+        instead has a rule of its own, which clients are not told (they check its knob names)."""
+        return space.knob_values(self.knobs, shape, limits)
+
+    def parse_config(
+        self, raw: Mapping[str, object], shape: Shape, limits: DeviceLimits | None = None
+    ) -> Config:
+        """Validate a config against the knob values for ``shape`` on a chip of ``limits``
+        (:meth:`knob_values`); canonical knob order."""
         names = [k.name for k in self.knobs]
         missing = [n for n in names if n not in raw]
         extra = [k for k in raw if k not in names]
@@ -361,7 +316,7 @@ class KernelSpec(ABC):
                 if part
             )
             raise ConfigError("config", f"{self.name} knobs are {names}: {detail}")
-        allowed = self.knob_values(shape)
+        allowed = self.knob_values(shape, limits)
         config: Config = {}
         for name in names:
             value = raw[name]
@@ -419,7 +374,7 @@ class KernelSpec(ABC):
 
     def space(self, shape: Shape, dtype: str, limits: DeviceLimits) -> list[Config]:
         """Every valid config for this shape, dtype and chip, in a stable order."""
-        values = self.knob_values(shape)
+        values = self.knob_values(shape, limits)
         names = list(values)
         configs = (dict(zip(names, combo, strict=True)) for combo in itertools.product(*values.values()))
         return [c for c in configs if self.invalid_reason(c, shape, dtype, limits) is None]

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import pow2_ceil, snap_down
 from tiletune.kernels.add import AddSpec
-from tiletune.kernels.spec import Config, DeviceLimits, Knob, Shape, element_size, heuristic_tiling, snap_down
-from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, pow2_ceil
+from tiletune.kernels.spec import Config, DeviceLimits, Shape, element_size, heuristic_tiling
+from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, block_knob
 
 BLOCK_SIZES = tuple(1 << p for p in range(4, 15))
 #: Consecutive blocks one program streams through its pipelined loop.
@@ -37,7 +38,7 @@ class TritonAddSpec(TritonSpec, AddSpec):
     version = 1
     description = "add in Triton: a + b over n elements, 4 pipelined blocks per program"
     knobs = (
-        Knob("block_size", BLOCK_SIZES, "elements per block (a power of two)", clamp_to="n"),
+        block_knob("block_size", BLOCK_SIZES, "elements per block (a power of two)", clamp_to="n"),
         NUM_STAGES,
         NUM_WARPS,
     )

@@ -30,18 +30,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import pow2_ceil, snap_down
 from tiletune.kernels.fused_attention import FusedAttentionSpec
-from tiletune.kernels.spec import (
-    Config,
-    DeviceLimits,
-    Knob,
-    Shape,
-    element_size,
-    heuristic_tiling,
-    pow2_floor,
-    snap_down,
-)
-from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, pow2_ceil
+from tiletune.kernels.spec import Config, DeviceLimits, Shape, element_size, heuristic_tiling, pow2_floor
+from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, block_knob
 
 BLOCKS = tuple(1 << p for p in range(4, 9))
 
@@ -58,8 +50,10 @@ class TritonFusedAttentionSpec(TritonSpec, FusedAttentionSpec):
     version = 1
     description = "fused_attention in Triton: FlashAttention-2 forward, q block per program, kv loop"
     knobs = (
-        Knob("block_q", BLOCKS, "queries per program (a power of two, >= 16)", clamp_to="seq_q"),
-        Knob("block_kv", BLOCKS, "keys/values per loop step (a power of two, >= 16)", clamp_to="seq_kv"),
+        block_knob("block_q", BLOCKS, "queries per program (a power of two, >= 16)", clamp_to="seq_q"),
+        block_knob(
+            "block_kv", BLOCKS, "keys/values per loop step (a power of two, >= 16)", clamp_to="seq_kv"
+        ),
         NUM_STAGES,
         NUM_WARPS,
     )

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from tiletune.kernels.rms_norm import EPS as RMS_EPS
+from tiletune.kernels.triton_fused_attention import padded_head_dim
 from tiletune.kernels.triton_spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).
@@ -378,7 +379,7 @@ def fused_attention(
         k.shape[1],
         head_dim**-0.5 * LOG2_E,
         HEAD_DIM=head_dim,
-        HEAD_PAD=max(16, 1 << (head_dim - 1).bit_length()),
+        HEAD_PAD=padded_head_dim(head_dim),
         BLOCK_Q=block_q,
         BLOCK_KV=block_kv,
         CAUSAL=causal,

@@ -25,18 +25,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import snap_down
 from tiletune.kernels.matmul import MatmulSpec
-from tiletune.kernels.spec import (
-    Config,
-    DeviceLimits,
-    Knob,
-    Shape,
-    element_size,
-    heuristic_tiling,
-    pow2_floor,
-    snap_down,
-)
-from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec
+from tiletune.kernels.spec import Config, DeviceLimits, Shape, element_size, heuristic_tiling, pow2_floor
+from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, block_knob
 
 BLOCK_MN = tuple(1 << p for p in range(4, 9))
 BLOCK_K = tuple(1 << p for p in range(4, 8))
@@ -49,9 +41,9 @@ class TritonMatmulSpec(TritonSpec, MatmulSpec):
     version = 1
     description = "matmul in Triton: block_m x block_n output tiles, pipelined k loop of tl.dot"
     knobs = (
-        Knob("block_m", BLOCK_MN, "rows of an output tile (a power of two, >= 16)", clamp_to="m"),
-        Knob("block_n", BLOCK_MN, "columns of an output tile (a power of two, >= 16)", clamp_to="n"),
-        Knob("block_k", BLOCK_K, "depth of one k step (a power of two, >= 16)", clamp_to="k"),
+        block_knob("block_m", BLOCK_MN, "rows of an output tile (a power of two, >= 16)", clamp_to="m"),
+        block_knob("block_n", BLOCK_MN, "columns of an output tile (a power of two, >= 16)", clamp_to="n"),
+        block_knob("block_k", BLOCK_K, "depth of one k step (a power of two, >= 16)", clamp_to="k"),
         NUM_STAGES,
         NUM_WARPS,
     )

@@ -27,17 +27,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import pow2_ceil, snap_down
 from tiletune.kernels.softmax import RowKernelSpec, SoftmaxSpec
-from tiletune.kernels.spec import (
-    Config,
-    DeviceLimits,
-    Knob,
-    Shape,
-    element_size,
-    heuristic_tiling,
-    snap_down,
-)
-from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, pow2_ceil
+from tiletune.kernels.spec import Config, DeviceLimits, Shape, element_size, heuristic_tiling
+from tiletune.kernels.triton_spec import NUM_STAGES, NUM_WARPS, TritonSpec, block_knob
 
 BLOCK_ROWS = tuple(1 << p for p in range(8))
 BLOCK_COLS = tuple(1 << p for p in range(4, 15))
@@ -47,8 +40,8 @@ class TritonRowSpec(TritonSpec, RowKernelSpec):
     """A row-wise Triton kernel: ``block_rows`` rows per program, ``block_cols`` columns per step."""
 
     knobs = (
-        Knob("block_rows", BLOCK_ROWS, "rows per program (a power of two)", clamp_to="rows"),
-        Knob(
+        block_knob("block_rows", BLOCK_ROWS, "rows per program (a power of two)", clamp_to="rows"),
+        block_knob(
             "block_cols",
             BLOCK_COLS,
             "columns per step (a power of two; below cols: two passes over column blocks)",

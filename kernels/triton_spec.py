@@ -5,8 +5,8 @@ A Triton kernel (``triton_add``, ``triton_softmax``, ``triton_rms_norm``,
 subclasses the portable PyTorch spec, reusing its dims, input maker, reference,
 flop and byte counts and ``shape_of``, and declares its own knobs:
 
-- block sizes (the tile knobs): powers of two, as ``tl.arange`` needs. For a
-  shape they are clamped to the smallest power of two that covers their dim
+- block sizes (the tile knobs, declared with :func:`block_knob`): powers of two, as
+  ``tl.arange`` needs. For a shape they are clamped to the smallest power of two that covers their dim
   (but never below the knob's smallest value: 16 where ``tl.dot`` needs it) and
   deduplicated, so "the whole dim in one block" is always a candidate and the
   kernels mask the blocks' overhang (shapes the blocks do not divide);
@@ -43,9 +43,10 @@ from types import ModuleType
 
 import torch
 
+from tiletune.client.space import CLAMP_POW2_CEIL, Knob
 from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.pipeline import require_backend
-from tiletune.kernels.spec import Config, DeviceLimits, HeuristicTiling, KernelSpec, Knob, Shape
+from tiletune.kernels.spec import Config, DeviceLimits, HeuristicTiling, KernelSpec, Shape
 
 TRITON_BACKEND = "triton"
 INTERPRET_ENV = "TRITON_INTERPRET"
@@ -70,9 +71,10 @@ NUM_WARPS = Knob(
 )
 
 
-def pow2_ceil(value: int) -> int:
-    """The smallest power of two >= value (1 for values below 2)."""
-    return 1 << max(0, (value - 1).bit_length())
+def block_knob(name: str, values: tuple[int, ...], doc: str, clamp_to: str) -> Knob:
+    """A block knob: for a shape, its values clamped to the smallest power of two covering
+    ``clamp_to`` (never below its smallest value), the declared rule ``pow2_ceil``."""
+    return Knob(name, values, doc, clamp_to=clamp_to, clamp=CLAMP_POW2_CEIL)
 
 
 def triton_installed() -> bool:
@@ -142,17 +144,6 @@ class TritonSpec(KernelSpec):
         if device_kind == "npu":
             return {"multibuffer": config["num_stages"] > 1}
         return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
-
-    def knob_values(self, shape: Shape) -> dict[str, tuple[int, ...]]:
-        """Block knobs clamped to the smallest power of two covering their dim (at least their minimum)."""
-        values: dict[str, tuple[int, ...]] = {}
-        for knob in self.knobs:
-            if knob.clamp_to is None:
-                values[knob.name] = knob.values
-            else:
-                cap = max(pow2_ceil(shape[knob.clamp_to]), min(knob.values))
-                values[knob.name] = tuple(sorted({min(v, cap) for v in knob.values}))
-        return values
 
     @abstractmethod
     def loop_steps(self, config: Config, shape: Shape) -> int:

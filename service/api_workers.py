@@ -1,9 +1,7 @@
 """The worker protocol over HTTP: ``/v1/workers``, ``/v1/leases``, and each lease's calls.
 
-A lease's calls come twice: ``/v1/lease/{heartbeat,ask,tell,complete,release}`` with the lease
-token in the ``X-Lease-Token`` header (what workers of this release send: no secret in a URL,
-so none in an access log), and ``/v1/leases/{token}/...`` with it in the path (kept for workers
-of earlier releases).
+A lease's calls are ``/v1/lease/{heartbeat,ask,tell,complete,release}`` with the lease token in
+the ``X-Lease-Token`` header: no secret in a URL, so none in an access log.
 
 Every route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
 that registered its worker (403 otherwise). A worker token works for one chip: the one it was
@@ -65,12 +63,6 @@ def lease_job(request: LeaseCreate, protocol: ProtocolDep, caller: WorkerDep) ->
     return lease if lease is not None else Response(status_code=204)
 
 
-@router.post("/leases/{token}/heartbeat")
-def heartbeat(token: str, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic:
-    """Renew the lease for another lease period."""
-    return protocol.heartbeat(token, caller)
-
-
 AskCount = Annotated[int, Query(ge=1, le=MAX_ASK, description="the most configs to hand out")]
 Holding = Annotated[
     list[Annotated[int, Field(ge=0, le=MAX_DB_INT)]],
@@ -79,43 +71,6 @@ Holding = Annotated[
         description="trial ids the worker has in hand; the lease's other outstanding trials come first",
     ),
 ]
-
-
-@router.post("/leases/{token}/ask")
-def ask(
-    token: str,
-    protocol: ProtocolDep,
-    caller: WorkerDep,
-    n: AskCount = 1,
-    holding: Holding = [],  # noqa: B006
-) -> AskPublic:
-    """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``.
-
-    Idempotent: the lease's outstanding trials that are not in ``holding`` are answered first.
-    """
-    return protocol.ask(token, caller, n, holding)
-
-
-@router.post("/leases/{token}/tell")
-def tell(token: str, outcomes: TellCreate, protocol: ProtocolDep, caller: WorkerDep) -> TellPublic:
-    """Outcomes of asked trials; repeating a tell is counted once."""
-    return protocol.tell(token, caller, outcomes)
-
-
-@router.post("/leases/{token}/complete")
-def complete(token: str, results: CompleteCreate, protocol: ProtocolDep, caller: WorkerDep) -> JobPublic:
-    """The interleaved validation run: promotes the winner if it beats the key's best; ends the job."""
-    return protocol.complete(token, caller, results)
-
-
-@router.post("/leases/{token}/release")
-def release(token: str, request: ReleaseCreate, protocol: ProtocolDep, caller: WorkerDep) -> JobPublic:
-    """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
-    return protocol.release(token, caller, request)
-
-
-# -- the same protocol with the lease token in a header (never in a URL, so never in a log) ---------
-
 LeaseToken = Annotated[
     str,
     Header(
@@ -129,7 +84,7 @@ LeaseToken = Annotated[
 
 @router.post("/lease/heartbeat")
 def lease_heartbeat(token: LeaseToken, protocol: ProtocolDep, caller: WorkerDep) -> LeasePublic:
-    """Renew the lease named by the ``X-Lease-Token`` header (as ``/leases/{token}/heartbeat``)."""
+    """Renew the lease named by the ``X-Lease-Token`` header for another lease period."""
     return protocol.heartbeat(token, caller)
 
 
@@ -141,7 +96,10 @@ def lease_ask(
     n: AskCount = 1,
     holding: Holding = [],  # noqa: B006 (FastAPI copies defaults per request)
 ) -> AskPublic:
-    """As ``/leases/{token}/ask``, the lease named by the ``X-Lease-Token`` header."""
+    """Up to ``n`` configs to measure, or the final validation, or ``wait`` / ``done``.
+
+    Idempotent: the lease's outstanding trials that are not in ``holding`` are answered first.
+    """
     return protocol.ask(token, caller, n, holding)
 
 
@@ -149,7 +107,7 @@ def lease_ask(
 def lease_tell(
     token: LeaseToken, outcomes: TellCreate, protocol: ProtocolDep, caller: WorkerDep
 ) -> TellPublic:
-    """As ``/leases/{token}/tell``, the lease named by the ``X-Lease-Token`` header."""
+    """Outcomes of asked trials; repeating a tell is counted once."""
     return protocol.tell(token, caller, outcomes)
 
 
@@ -157,7 +115,7 @@ def lease_tell(
 def lease_complete(
     token: LeaseToken, results: CompleteCreate, protocol: ProtocolDep, caller: WorkerDep
 ) -> JobPublic:
-    """As ``/leases/{token}/complete``, the lease named by the ``X-Lease-Token`` header."""
+    """The interleaved validation run: promotes the winner if it beats the key's best; ends the job."""
     return protocol.complete(token, caller, results)
 
 
@@ -165,5 +123,5 @@ def lease_complete(
 def lease_release(
     token: LeaseToken, request: ReleaseCreate, protocol: ProtocolDep, caller: WorkerDep
 ) -> JobPublic:
-    """As ``/leases/{token}/release``, the lease named by the ``X-Lease-Token`` header."""
+    """Give the lease back; outstanding trials are asked again; ``failed`` counts toward the job's limit."""
     return protocol.release(token, caller, request)

@@ -112,11 +112,8 @@ ROUTE_BODIES: dict[str, RouteBody] = {
     "POST /v1/sweeps": RouteBody(None, SweepCreate, Role.SUBMITTER),
     "POST /v1/workers": RouteBody(64 * KIB, WorkerCreate, Role.WORKER),  # 40 KiB at most
     "POST /v1/leases": RouteBody(1 * KIB, LeaseCreate, Role.WORKER),  # 33 bytes at most
-    "POST /v1/leases/{token}/tell": _TELL,
     "POST /v1/lease/tell": _TELL,
-    "POST /v1/leases/{token}/complete": _COMPLETE,
     "POST /v1/lease/complete": _COMPLETE,
-    "POST /v1/leases/{token}/release": _RELEASE,
     "POST /v1/lease/release": _RELEASE,
     "POST /v1/configs/import": RouteBody(None, ConfigBundle, Role.ADMIN),  # as many configs as fit
     # 230,002 values, 21.5 MiB at most: the ceiling

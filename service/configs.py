@@ -150,7 +150,7 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
         )
     shape = parse_shape(spec, entry.shape, f"{where}.shape")
     dtype = check_dtype(entry.dtype, f"{where}.dtype")
-    config = _parsed_config(spec, entry.config, shape, f"{where}.config")
+    config = _parsed_config(spec, entry.config, shape, chip, f"{where}.config")
     _check_runs_on(spec, config, shape, dtype, chip=chip, field=f"{where}.config")
     _check_software(entry.software, f"{where}.software")
     for name in ("median_ms", "default_ms"):
@@ -161,7 +161,7 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
             )
     default = None
     if entry.default_config is not None:
-        default = _parsed_config(spec, entry.default_config, shape, f"{where}.default_config")
+        default = _parsed_config(spec, entry.default_config, shape, chip, f"{where}.default_config")
         if default != spec.default_config(shape, dtype, chip_limits(chip)):
             _check_runs_on(spec, default, shape, dtype, chip=chip, field=f"{where}.default_config")
     key = JobKey(spec.name, spec.version, spec.canonical_shape(shape), dtype, chip.id)
@@ -169,10 +169,11 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
     return key, winner, chip
 
 
-def _parsed_config(spec: KernelSpec, raw: dict[str, int], shape: Shape, field: str) -> Config:
-    """``raw`` as one of the kernel's configs for ``shape``; :class:`InvalidInputError` naming ``field``."""
+def _parsed_config(spec: KernelSpec, raw: dict[str, int], shape: Shape, chip: ChipRow, field: str) -> Config:
+    """``raw`` as one of the kernel's configs for ``shape`` on ``chip``; :class:`InvalidInputError`
+    naming ``field``."""
     try:
-        return spec.parse_config(raw, shape)
+        return spec.parse_config(raw, shape, chip_limits(chip))
     except InputError as error:
         raise InvalidInputError(error.reason, error.field.replace("config", field, 1)) from error
 

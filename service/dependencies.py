@@ -45,6 +45,10 @@ def reads_of(request: Request) -> Reads:
     return reads
 
 
+async def _reads(request: Request) -> Reads:
+    return reads_of(request)
+
+
 async def _misses(request: Request) -> Misses:
     misses: Misses = request.app.state.services.misses
     return misses
@@ -141,6 +145,8 @@ async def _token_holder(caller: CallerDep) -> Identity:
 DatabaseDep = Annotated[Database, Depends(_db)]
 ProtocolDep = Annotated[WorkerProtocol, Depends(_protocol)]
 MissesDep = Annotated[Misses, Depends(_misses)]
+#: The replica's read side (the index of best configs, the caches): for pages, not the lookups.
+ReadsDep = Annotated[Reads, Depends(_reads)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 TokensDep = Annotated[Tokens, Depends(_tokens)]
 MissLimitDep = Annotated[RateLimiter, Depends(_miss_limit)]

@@ -24,11 +24,12 @@ import hashlib
 from dataclasses import dataclass
 
 from tiletune.client.wire import ConfigBundle, KernelInfo
-from tiletune.kernels import all_kernels
+from tiletune.kernels import DeviceLimits, all_kernels
 from tiletune.service.database import Database
+from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.index import BestIndex, Snapshot
 from tiletune.service.singleflight import SingleFlight
-from tiletune.service.specs import kernel_info
+from tiletune.service.specs import chip_dependent, kernel_info
 
 #: gzip level of the cached bodies: built once, sent many times, so smaller beats faster.
 GZIP_LEVEL = 6
@@ -84,7 +85,8 @@ class Exports:
         entries = [entry for _, entry in chosen]
         canonical = "[" + ",".join(entry.canonical for entry in entries) + "]"
         checksum = hashlib.sha256(canonical.encode()).hexdigest()
-        infos = [kernel_info(spec) for spec in specs]
+        limits = self._limits(chip) if any(chip_dependent(spec) for spec in specs) else None
+        infos = [kernel_info(spec, limits) for spec in specs]
         tag = _tag(chip, infos, checksum)
         cached = self._bundles.get(key)
         if cached is not None and cached.tag == tag:
@@ -103,6 +105,12 @@ class Exports:
         if current is None or current.version <= export.version:
             self._bundles[key] = export
         return export
+
+    def _limits(self, chip: str) -> DeviceLimits | None:
+        """The limits ``chip`` registered (its kernels' values depend on them), ``None`` when unknown."""
+        with self.db.read() as session:
+            row = chip_by_name(session, chip)
+            return chip_limits(row) if row is not None else None
 
 
 def _tag(chip: str, kernels: list[KernelInfo], checksum: str) -> str:

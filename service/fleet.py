@@ -42,8 +42,11 @@ def fingerprint_text(software: dict[str, str | None]) -> str:
 
 
 def chip_limits(chip: ChipRow) -> DeviceLimits:
-    """The constraint limits a chip registered (its kind too: some constraints differ on NPUs)."""
-    return DeviceLimits(chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, kind=chip.kind)
+    """The limits a chip registered, which its jobs' spaces and constraints are built with (its kind
+    too: some constraints differ on NPUs; its cores where a worker reported them)."""
+    return DeviceLimits(
+        chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, kind=chip.kind, cores=chip.cores
+    )
 
 
 def chip_by_name(session: Session, name: str) -> ChipRow | None:
@@ -98,13 +101,24 @@ def register_worker(
     return worker, chip
 
 
-def _limits(chip: ChipRow) -> tuple[str, int, int, int]:
-    return (chip.kind, chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes)
+def _limits(chip: ChipRow) -> tuple[str, int, int, int, int | None]:
+    return (chip.kind, chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, chip.cores)
 
 
 def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRights) -> ChipRow:
+    """The chip of ``wire``, created or changed as ``rights`` allow.
+
+    Cores a worker does not report (an older worker) are no change: the chip keeps the cores it
+    has; cores reported for a chip that has none yet are recorded, whoever registers.
+    """
     chip = chip_by_name(session, wire.name)
-    wanted = (wire.kind, wire.local_memory_bytes, wire.max_buffer_num, wire.alignment_bytes)
+    cores = wire.cores if wire.cores is not None else chip.cores if chip is not None else None
+    wanted = (wire.kind, wire.local_memory_bytes, wire.max_buffer_num, wire.alignment_bytes, cores)
+    if chip is not None and chip.cores is None and cores is not None and _limits(chip)[:4] == wanted[:4]:
+        chip.cores = cores
+        chip.updated_at = now
+        session.flush()
+        return chip
     if chip is None:
         if not rights.create:
             raise ForbiddenError(f"no chip {wire.name!r} is registered; an admin registers new chips", "chip")
@@ -121,6 +135,7 @@ def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRi
     chip.local_memory_bytes = wire.local_memory_bytes
     chip.max_buffer_num = wire.max_buffer_num
     chip.alignment_bytes = wire.alignment_bytes
+    chip.cores = cores
     chip.updated_at = now
     session.flush()
     return chip

@@ -49,8 +49,9 @@ from sqlalchemy import func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import BestConfigPublic, LookupPublic
-from tiletune.kernels import Shape, all_kernels
+from tiletune.kernels import DeviceLimits, Shape, all_kernels
 from tiletune.service.database import Database
+from tiletune.service.fleet import chip_limits
 from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
 from tiletune.service.singleflight import SingleFlight
 from tiletune.service.specs import knob_values_of
@@ -82,7 +83,7 @@ class Entry:
 
     __slots__ = ("best", "canonical", "lookup_body", "wire")
 
-    def __init__(self, best: BestConfigPublic) -> None:
+    def __init__(self, best: BestConfigPublic, limits: DeviceLimits) -> None:
         self.best = best
         #: The entry as the export serialises it.
         self.wire = best.model_dump_json().encode()
@@ -100,7 +101,7 @@ class Entry:
                 config=best.config,
                 match="exact",
                 best=best,
-                knob_values=_knob_values(best.kernel, best.shape),
+                knob_values=_knob_values(best.kernel, best.shape, limits),
             )
             .model_dump_json()
             .encode()
@@ -226,7 +227,7 @@ class BestIndex:
         keys = {(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id) for row in promoted}
         if len(keys) > FULL_RELOAD_KEYS:
             return self._reload(session, generation, now)
-        changed = {key: Entry(best) for key, best in _best_entries(session, keys)}
+        changed = {key: Entry(best, limits) for key, best, limits in _best_entries(session, keys)}
         self._advance(cursor, [row.id for row in promoted], now)
         entries = {**old.entries, **changed}
         by_chip = dict(old.by_chip)
@@ -240,7 +241,7 @@ class BestIndex:
 
     def _reload(self, session: Session, generation: int, now: float) -> Snapshot:
         last_id = session.scalar(select(func.max(PromotionRow.id))) or 0  # before the rows: none missed
-        entries = {key: Entry(best) for key, best in _best_entries(session, None)}
+        entries = {key: Entry(best, limits) for key, best, limits in _best_entries(session, None)}
         by_chip: dict[str, dict[EntryKey, Entry]] = {}
         for key, entry in entries.items():
             by_chip.setdefault(key[4], {})[key] = entry
@@ -275,10 +276,11 @@ class BestIndex:
 
 def _best_entries(
     session: Session, keys: set[_PromotedKey] | None
-) -> Iterable[tuple[EntryKey, BestConfigPublic]]:
-    """The best configs of ``keys`` (all when ``None``) as public documents, in one query."""
+) -> Iterable[tuple[EntryKey, BestConfigPublic, DeviceLimits]]:
+    """The best configs of ``keys`` (all when ``None``) as public documents with their chips'
+    limits, in one query."""
     query = (
-        select(BestConfigRow, ChipRow.name, SoftwareRow.fingerprint)
+        select(BestConfigRow, ChipRow, SoftwareRow.fingerprint)
         .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
         .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
     )
@@ -295,11 +297,12 @@ def _best_entries(
     for best, chip, text in session.execute(query):
         if text not in fingerprints:
             fingerprints[text] = json.loads(text) if text else {}
-        key = (best.kernel, best.kernel_version, best.shape_key, best.dtype, chip)
-        yield key, best_public(best, chip, fingerprints[text])
+        key = (best.kernel, best.kernel_version, best.shape_key, best.dtype, chip.name)
+        yield key, best_public(best, chip.name, fingerprints[text]), chip_limits(chip)
 
 
-def _knob_values(kernel: str, shape: Shape) -> dict[str, list[int]] | None:
-    """The knob values a lookup answer carries, or none when the kernel is not installed here."""
+def _knob_values(kernel: str, shape: Shape, limits: DeviceLimits) -> dict[str, list[int]] | None:
+    """The knob values a lookup answer carries on a chip of ``limits``, or none when the kernel is
+    not installed here."""
     spec = all_kernels().get(kernel)
-    return knob_values_of(spec, shape) if spec is not None else None
+    return knob_values_of(spec, shape, limits) if spec is not None else None

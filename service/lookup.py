@@ -23,15 +23,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from tiletune.client import space
 from tiletune.client.wire import MATCH_KINDS, LookupPublic, Match
 from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
-from tiletune.kernels.spec import snap_down
 from tiletune.service import configs
 from tiletune.service.database import Database
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.models import BestConfigRow
-from tiletune.service.specs import knob_values_of, parse_key
+from tiletune.service.specs import chip_dependent, knob_values_of, parse_key
 from tiletune.service.views import best_row_public
 
 LookupKey = tuple[str, str, str, str, str]
@@ -116,7 +116,8 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
     allowed = MATCH_KINDS[: MATCH_KINDS.index(match) + 1]
     with db.read() as session:
         exact = configs.exact_public(session, spec, spec.canonical_shape(shape), dtype, chip)
-        if exact is not None:  # the common case, in one query
+        if exact is not None:  # the common case, in one query (two where the chip sets the values)
+            found = chip_by_name(session, chip) if chip_dependent(spec) else None
             return LookupPublic(
                 kernel=spec.name,
                 shape=shape,
@@ -125,11 +126,12 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
                 config=exact.config,
                 match="exact",
                 best=exact,
-                knob_values=knob_values_of(spec, shape),
+                knob_values=knob_values_of(spec, shape, chip_limits(found) if found is not None else None),
             )
         chip_row = chip_by_name(session, chip)
         if chip_row is None:
             raise NotFoundError(f"no chip {chip!r} is registered", field="chip")
+        limits = chip_limits(chip_row)
 
         def answer(config: Config, found: Match, best: BestConfigRow | None) -> LookupPublic:
             public = best_row_public(session, best) if best is not None else None
@@ -141,10 +143,9 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
                 config=config,
                 match=found,
                 best=public,
-                knob_values=knob_values_of(spec, shape),
+                knob_values=knob_values_of(spec, shape, limits),
             )
 
-        limits = chip_limits(chip_row)
         if "nearest" in allowed:
             for _, row in configs.nearest_best(session, spec, shape, dtype=dtype, chip_id=chip_row.id, k=5):
                 config = adapt(spec, row.config, shape, dtype, limits)
@@ -159,8 +160,7 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
 
 def adapt(spec: KernelSpec, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> Config | None:
     """``config`` with each knob snapped down to the values ``shape`` allows; ``None`` if then invalid."""
-    values = spec.knob_values(shape)
-    if config.keys() != values.keys():
+    adapted = space.adapt(config, spec.knob_values(shape, limits))
+    if adapted is None:
         return None
-    adapted = {name: snap_down(config[name], values[name]) for name in values}
     return adapted if spec.invalid_reason(adapted, shape, dtype, limits) is None else None

@@ -112,6 +112,8 @@ class ChipRow(Base):
     local_memory_bytes: Mapped[int] = mapped_column(Integer)
     max_buffer_num: Mapped[int] = mapped_column(Integer)
     alignment_bytes: Mapped[int] = mapped_column(Integer)
+    #: The cores its workers report (NULL: not reported), which native kernels' spaces run up to.
+    cores: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
 

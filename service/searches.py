@@ -93,7 +93,7 @@ class SearchHost:
         """
         spec = lookup_kernel(job.kernel)
         shape, dtype = dict(job.shape), job.dtype
-        knobs = spec.knob_values(shape)
+        knobs = spec.knob_values(shape, limits)
         past = self._past(session, job, now, knobs)
         seeds = [spec.default_config(shape, dtype, limits), *(() if past else warm_start())]
         space = SearchSpace(

@@ -6,10 +6,9 @@ Imports the kernels' specs (never runs a kernel) and the wire's vocabularies.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 
-from tiletune.client.knobs import CLAMP_RULES, allowed_values
+from tiletune.client.space import CLAMP_MIN, DeviceLimits, candidates
 from tiletune.client.wire import DTYPES, KernelInfo
 from tiletune.kernels import KernelSpec, Shape, get_kernel
 from tiletune.kernels.errors import InputError
@@ -25,9 +24,15 @@ def lookup_kernel(name: str, field: str = "kernel") -> KernelSpec:
         raise InvalidInputError(error.reason, field=field) from error
 
 
-def knob_values_of(spec: KernelSpec, shape: Shape) -> dict[str, list[int]]:
-    """Each knob's values for ``shape``, as a lookup answer carries them (the client checks configs)."""
-    return {name: list(values) for name, values in spec.knob_values(shape).items()}
+def knob_values_of(spec: KernelSpec, shape: Shape, limits: DeviceLimits | None) -> dict[str, list[int]]:
+    """Each knob's values for ``shape`` on a chip of ``limits``, as a lookup answer carries them (the
+    client checks configs)."""
+    return {name: list(values) for name, values in spec.knob_values(shape, limits).items()}
+
+
+def chip_dependent(spec: KernelSpec) -> bool:
+    """Whether ``spec``'s values depend on the chip's limits (a knob declared ``up_to`` one)."""
+    return any(knob.up_to is not None for knob in spec.knobs)
 
 
 def check_dtype(dtype: str, field: str = "dtype") -> str:
@@ -63,58 +68,36 @@ def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Sha
     return spec, shape
 
 
-def kernel_info(spec: KernelSpec) -> KernelInfo:
+def kernel_info(spec: KernelSpec, limits: DeviceLimits | None = None) -> KernelInfo:
     """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs,
     and the knobs' values with the rule that clamps them (:mod:`tiletune.client.knobs`).
 
-    The rule is the one of :data:`~tiletune.client.knobs.CLAMP_RULES` that reproduces
-    ``spec.knob_values`` on every probe shape; a kernel that follows none (a plugin's own
-    rule) is sent without values, so clients check its knob names alone.
+    The values are the candidates on a chip of ``limits`` (a knob declared ``up_to`` a limit they
+    know runs up to it; :func:`tiletune.client.space.candidates`). The rule is the one the
+    kernel's tile knobs declare (:class:`~tiletune.client.space.Knob`'s
+    ``clamp``). A kernel whose values follow no single declared rule (tile knobs declaring
+    different rules, or a plugin that overrides ``knob_values`` with code of its own) is sent
+    without values, so clients check its knob names alone.
     """
-    knobs = [knob.name for knob in spec.knobs]
-    rule = _clamp_rule(spec)
+    rule = declared_clamp_rule(spec)
     return KernelInfo(
         name=spec.name,
         version=spec.version,
         dims=[dim.name for dim in spec.dims],
         categorical=[dim.name for dim in spec.dims if dim.categorical],
-        knobs=knobs,
-        knob_values={knob.name: list(knob.values) for knob in spec.knobs} if rule is not None else None,
+        knobs=[knob.name for knob in spec.knobs],
+        knob_values={knob.name: list(candidates(knob, limits)) for knob in spec.knobs} if rule else None,
         clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
-        clamp_rule=rule or "min",
+        clamp_rule=rule or CLAMP_MIN,
     )
 
 
-#: Sizes every size dim takes in turn when the clamp rule of a kernel is found out.
-PROBE_SIZES = (1, 2, 3, 5, 7, 15, 16, 17, 31, 100, 255, 256, 257, 1000, 4097, 65537, 1 << 20, 5_000_001)
-
-
-@functools.cache
-def _clamp_rule(spec: KernelSpec) -> str | None:
-    """The clamp rule that gives ``spec.knob_values`` on every probe shape, or ``None``."""
-    probes = [
-        {dim.name: (dim.choices[0] if dim.choices else size) for dim in spec.dims} for size in PROBE_SIZES
-    ]
-    for rule in CLAMP_RULES:
-        info = KernelInfo(
-            name=spec.name,
-            version=spec.version,
-            dims=[dim.name for dim in spec.dims],
-            knobs=[knob.name for knob in spec.knobs],
-            knob_values={knob.name: list(knob.values) for knob in spec.knobs},
-            clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
-            clamp_rule=rule,
-        )
-        try:
-            if all(_same_values(info, spec, shape) for shape in probes):
-                return rule
-        except Exception:  # a plugin's knob_values that fails on a probe: no rule
-            return None
-    return None
-
-
-def _same_values(info: KernelInfo, spec: KernelSpec, shape: Shape) -> bool:
-    """Whether the client's values of ``info`` for ``shape`` are the spec's (as sets)."""
-    ours = allowed_values(info, shape)
-    theirs = spec.knob_values(shape)
-    return ours is not None and {k: set(v) for k, v in ours.items()} == {k: set(v) for k, v in theirs.items()}
+def declared_clamp_rule(spec: KernelSpec) -> str | None:
+    """The clamp rule all of ``spec``'s tile knobs declare (``min`` when none is a tile knob), or
+    ``None`` when its values are not the declared rules' (see :func:`kernel_info`)."""
+    if type(spec).knob_values is not KernelSpec.knob_values:
+        return None
+    rules = {knob.clamp for knob in spec.knobs if knob.clamp_to is not None}
+    if len(rules) > 1:
+        return None
+    return rules.pop() if rules else CLAMP_MIN

@@ -4,10 +4,9 @@ by looking it up.
 The file format, what its parts mean (the invalid region, measured failures, the valid
 space, the optimum) and the loader are :mod:`tiletune.kernels.recorded`'s; this module adds
 what the search needs: :class:`ReplaySpace`, a recorded space with its
-:meth:`~ReplaySpace.search_space`, and :func:`load_replay`. The loader's names are
-re-exported, so ``from tiletune.tuner.replay import load_replay, replay_spaces`` keeps
-working. (The service tunes recorded spaces as kernels instead:
-:mod:`tiletune.kernels.replay_kernels`.)
+:meth:`~ReplaySpace.search_space`, and :func:`load_replay`. The format's other names
+(``replay_spaces``, ``ReplayError``, ...) are imported from :mod:`tiletune.kernels.recorded`.
+(The service tunes recorded spaces as kernels instead: :mod:`tiletune.kernels.replay_kernels`.)
 
 Imports ``tiletune.tuner.search`` and ``tiletune.kernels.recorded`` (standard library only,
 though importing the kernels package loads torch).
@@ -19,34 +18,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiletune.kernels.recorded import (
-    NOT_RECORDED,
-    REPLAY_DIR_ENV,
-    REPLAY_SUFFIX,
-    Key,
-    RecordedFailureError,
-    RecordedOutcome,
-    RecordedSpace,
-    ReplayError,
-    default_replay_dir,
-    load_recorded,
-    replay_spaces,
-)
+from tiletune.kernels.recorded import RecordedSpace, load_recorded
 from tiletune.tuner.search import Config, SearchSpace
 
-__all__ = [
-    "NOT_RECORDED",
-    "REPLAY_DIR_ENV",
-    "REPLAY_SUFFIX",
-    "Key",
-    "RecordedFailureError",
-    "RecordedOutcome",
-    "ReplayError",
-    "ReplaySpace",
-    "default_replay_dir",
-    "load_replay",
-    "replay_spaces",
-]
+__all__ = ["ReplaySpace", "load_replay"]
 
 
 @dataclass(frozen=True, eq=False)

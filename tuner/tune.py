@@ -17,7 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tiletune.kernels.device import Device, software_fingerprint
+from tiletune.client.chip import software_fingerprint
+from tiletune.kernels.device import Device
 from tiletune.kernels.spec import Config, KernelSpec, Shape
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
 from tiletune.tuner.finalists import finalists, judge

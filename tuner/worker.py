@@ -6,8 +6,8 @@ Protocol (REST under ``/v1``; every write under a lease carries its fencing toke
    software fingerprint) -> the worker's id; once per process (again if the server forgets it).
 2. ``POST /v1/leases`` ``{worker_id}`` -> a :class:`LeasePublic` (token, job, ``lease_s``,
    ``heartbeat_s``), or 204: no job for this chip now (poll again, or exit with ``once``).
-3. While the lease is held, a background thread posts ``/v1/leases/{token}/heartbeat`` every
-   ``heartbeat_s``.
+3. While the lease is held, a background thread posts ``/v1/lease/heartbeat`` every
+   ``heartbeat_s`` (the lease's token in ``X-Lease-Token``, as on every ``/v1/lease/…`` call).
 4. ``POST /v1/lease/ask?n=batch&holding=...`` -> :class:`AskPublic`:
    ``search``: measure each task (constraint, check against the reference, timing) and
    ``tell`` the outcomes; ``validate``: measure the configs interleaved in one run and
@@ -16,7 +16,7 @@ Protocol (REST under ``/v1``; every write under a lease carries its fencing toke
    batch's outcomes and asks for the next batch, saying which trials it is ``holding``, so the
    server's work and the round trips hide behind the measurement. Asks are idempotent: an
    answer lost on the way is asked again and comes back.
-5. ``POST /v1/leases/{token}/release`` ``{reason, failed}`` ends every other lease this worker ends.
+5. ``POST /v1/lease/release`` ``{reason, failed}`` ends every other lease this worker ends.
 
 Guarantees:
 
@@ -71,6 +71,7 @@ from tiletune.client.calls import (
     ServerRefusedError,
     UnexpectedAnswerError,
 )
+from tiletune.client.chip import software_fingerprint
 from tiletune.client.wire import (
     DEFAULT_BATCH,
     MAX_ASK,
@@ -84,11 +85,12 @@ from tiletune.client.wire import (
     TrialOutcome,
     WorkerCreate,
 )
-from tiletune.kernels.device import Device, ReplayDevice, get_device, software_fingerprint
+from tiletune.kernels.device import Device, ReplayDevice, get_device
 from tiletune.kernels.errors import InputError, UnknownKernelError
+from tiletune.kernels.native_spec import cores_of
 from tiletune.kernels.registry import get_kernel, kernels_for, runs_on
 from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, REPLAY_KIND
-from tiletune.kernels.spec import torch_dtype
+from tiletune.kernels.spec import DeviceLimits, torch_dtype
 from tiletune.tuner.bench import BenchSettings, KernelBench
 from tiletune.tuner.heartbeat import Heartbeat
 from tiletune.tuner.replay_bench import ReplayBench
@@ -252,6 +254,7 @@ class Worker:
                 local_memory_bytes=chip.limits.local_memory_bytes,
                 max_buffer_num=chip.limits.max_buffer_num,
                 alignment_bytes=chip.limits.alignment_bytes,
+                cores=reported_cores(chip.kind, chip.limits),
             ),
             backends=sorted({backend for spec in kernels.values() for backend in spec.backends()}),
             kernels=sorted(kernels),
@@ -527,3 +530,9 @@ def _wait_quietly(future: Future[AskPublic]) -> None:
     """Let a background call finish (its outcome no longer matters)."""
     with contextlib.suppress(BaseException):  # the caller is already raising its own error
         future.result()
+
+
+def reported_cores(kind: str, limits: DeviceLimits) -> int | None:
+    """The cores a worker reports for its chip (what its native kernels spread over): a CPU's,
+    ``None`` for other kinds (their spaces read no cores)."""
+    return cores_of(limits) if kind == "cpu" else limits.cores

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 R = TypeVar("R")
 
-#: Same name as ``tiletune.tuner.replay.REPLAY_DIR_ENV`` (not imported here: replay imports Optuna).
+#: Same name as ``tiletune.kernels.recorded.REPLAY_DIR_ENV`` (not imported here: the kernels load torch).
 REPLAY_DIR_ENV = "TILETUNE_REPLAY_DIR"
 
 
@@ -152,7 +152,8 @@ def _tune_text(report: TuneReport) -> str:
 
 
 def _replay_space(args: argparse.Namespace) -> ReplaySpace:
-    from tiletune.tuner.replay import ReplayError, load_replay, replay_spaces
+    from tiletune.kernels.recorded import ReplayError, replay_spaces
+    from tiletune.tuner.replay import load_replay
 
     if args.shape is not None or args.dtype is not None:
         raise BadInputError("shape", "a recorded space has a fixed shape and dtype; omit --shape and --dtype")

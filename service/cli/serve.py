@@ -27,6 +27,7 @@ import ipaddress
 import logging
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tiletune.client.calls import redacted
 from tiletune.client.wire import DEFAULT_BATCH, DEVICE_KINDS, MAX_ASK
 from tiletune.service.cli.options import (
     BadInputError,
@@ -60,6 +60,8 @@ REPLAY_BACKEND = "replay"
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8642
+#: The interpreter's thread switch interval in a server process (see :func:`uvicorn_server`).
+SWITCH_INTERVAL_S = 0.001
 #: How long ``up`` waits for its server to start, and for its worker and server to stop.
 
 
@@ -134,22 +136,14 @@ def served_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-class _NoLeaseTokens(logging.Filter):
-    """Rewrites a log record's text so that no lease token of a request path shows (access log)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(redacted(arg) if isinstance(arg, str) else arg for arg in record.args)
-        record.msg = redacted(str(record.msg))
-        return True
-
-
 def _log_to_stderr() -> None:
-    """Log lines of ours (and uvicorn's) at INFO on stderr, never a lease token; httpx's are noise."""
+    """Log lines of ours (and uvicorn's) at INFO on stderr; httpx's are noise.
+
+    No request path carries a secret (lease tokens travel in a header), so access log lines are
+    written as they are.
+    """
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    for name in ("uvicorn.access", "uvicorn.error"):
-        logging.getLogger(name).addFilter(_NoLeaseTokens())
 
 
 def _is_loopback(host: str) -> bool:
@@ -214,6 +208,10 @@ def uvicorn_server(
     from tiletune.service.app import create_app
 
     _log_to_stderr()
+    # Large bodies are checked in worker threads (tiletune.service.bodies); the event loop takes the
+    # interpreter back from them within 1 ms instead of Python's default 5 ms, so a request that
+    # meets such a check waits a few ms, not tens (each of its awaits may wait one interval).
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     if settings.open_reads is None:
         settings = settings.model_copy(update={"open_reads": _is_loopback(host)})
     app = create_app(settings)

@@ -16,6 +16,11 @@ Pages follow the reader rules (:mod:`.session`): open when reads are open, else 
 a browser gives once to the sign-in form. Tables work without JavaScript, every filter is in
 the URL, and every table downloads as CSV or JSON (:mod:`.tables`). Pages aggregate and page
 in SQL: none reads a whole table or search.
+
+Pages reach the database, the settings and the read side through the typed dependencies of
+:mod:`tiletune.service.dependencies` (``DatabaseDep``, ``SettingsDep``, ``ReadsDep``), as the API
+does; the queries over best configs that pages share are :mod:`tiletune.service.best_configs`'s.
+What several pages show alike is in :mod:`.pages`; a page imports no other page.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ from tiletune.service.dashboard.render import LOG_AXIS, figure, format_ms, rende
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, sort_key
 from tiletune.service.database import aware
+from tiletune.service.dependencies import DatabaseDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
@@ -314,6 +315,7 @@ def compare_page(
     request: Request,
     viewer: ViewerDep,
     *,
+    db: DatabaseDep,
     page: Annotated[Paging, Depends(paging)],
     a: NameQuery = None,
     b: NameQuery = None,
@@ -334,9 +336,8 @@ def compare_page(
         )
     if kernel is not None:
         lookup_kernel(kernel)
-    services = request.app.state.services
     comparison: Comparison | None = None
-    with services.db.read() as session:
+    with db.read() as session:
         software: list[dict[str, Any]] = []
         if a and b:
             comparison = chips_comparison(session, a, b, kernel)

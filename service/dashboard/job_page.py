@@ -35,12 +35,12 @@ from tiletune.service.dashboard.job_charts import (
     format_duration,
     job_figures,
 )
-from tiletune.service.dashboard.jobs_list import job_chip
+from tiletune.service.dashboard.pages import job_chip
 from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Table, download, pick
 from tiletune.service.database import aware
-from tiletune.service.dependencies import IdPath
+from tiletune.service.dependencies import DatabaseDep, IdPath
 from tiletune.service.errors import NotFoundError
 from tiletune.service.models import ChipRow, JobRow, TrialRow
 
@@ -200,10 +200,16 @@ def job_context(session: Session, job_id: int, all_trials: bool = False) -> dict
 
 @router.get("/jobs/{job_id}")
 def job_page(
-    request: Request, job_id: IdPath, viewer: ViewerDep, format: Format = "html", table: str | None = None
+    request: Request,
+    job_id: IdPath,
+    *,
+    viewer: ViewerDep,
+    db: DatabaseDep,
+    format: Format = "html",
+    table: str | None = None,
 ) -> Response:
     """One job's page (see the module docstring); ``format=csv|json`` downloads a table."""
-    with request.app.state.services.db.read() as session:
+    with db.read() as session:
         context = job_context(session, job_id, all_trials=format != "html" and table == "trials")
     if format != "html":
         return download(pick(list(context["tables"].values()), table), format)
@@ -219,14 +225,16 @@ SeenQuery = Annotated[str | None, Query(max_length=100, description="the version
 
 
 @router.get("/jobs/{job_id}/live")
-def job_live(request: Request, job_id: IdPath, viewer: ViewerDep, seen: SeenQuery = None) -> Response:
+def job_live(
+    request: Request, job_id: IdPath, *, viewer: ViewerDep, db: DatabaseDep, seen: SeenQuery = None
+) -> Response:
     """The job page's live part: progress, figure data and tables (polls itself while live).
 
     The fragment polls with ``seen``, the job's version it shows: while the job has not moved
     since, the answer is ``204 No Content`` (one row read; htmx swaps nothing and polls on).
     Its links (the tables' downloads) are the job page's, not the fragment's.
     """
-    with request.app.state.services.db.read() as session:
+    with db.read() as session:
         if seen is not None:
             current = session.execute(select(*_VERSION_COLUMNS).where(JobRow.id == job_id)).one_or_none()
             if current is not None and _version(*current) == seen:

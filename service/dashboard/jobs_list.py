@@ -16,10 +16,12 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JOB_STATES, MAX_DB_INT
+from tiletune.service.dashboard.pages import job_chip
 from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, pick
 from tiletune.service.database import aware
+from tiletune.service.dependencies import DatabaseDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.models import ChipRow, JobRow
 
@@ -27,8 +29,6 @@ router = APIRouter(include_in_schema=False)
 
 Filter = Annotated[str | None, Query(max_length=200)]
 
-#: A job's chip: the one it is bound to, else its target (a chip name or ``*``).
-job_chip = func.coalesce(ChipRow.name, JobRow.chip_target).label("chip")
 _LIST_COLUMNS = (
     JobRow.id,
     JobRow.kernel,
@@ -126,6 +126,7 @@ def jobs_list(
     request: Request,
     viewer: ViewerDep,
     *,
+    db: DatabaseDep,
     page: Annotated[Paging, Depends(paging)],
     state: Filter = None,
     kernel: Filter = None,
@@ -136,7 +137,7 @@ def jobs_list(
 ) -> Response:
     """The jobs list (see the module docstring)."""
     filters = JobFilters(_blank(state), _blank(kernel), _blank(chip), sweep)
-    with request.app.state.services.db.read() as session:
+    with db.read() as session:
         jobs = jobs_table(session, page, filters)
     if format != "html":
         return download(pick([jobs], table), format)

@@ -7,7 +7,8 @@
   peak that binds (:mod:`tiletune.kernels.peaks`; blank where the chip's peak is unknown), the
   software measured with, and a **stale** mark: a best measured with other software than the
   chip's newest (:func:`tiletune.service.fleet.newest_software_id`, here for every chip in one
-  derived table), or with another version of the kernel than the one installed here.
+  derived table), or with another version of the kernel than the one installed here (the
+  queries are the read side's: :mod:`tiletune.service.best_configs`).
   Filters in the URL: ``chip``, ``dtype``, ``q`` (a substring of the shape key), ``stale`` (only
   stale rows); sorted (``sort``) and paged (``page``, ``per_page``) in SQL, the total by COUNT.
 - **Per chip**: keys tuned, how many are stale, and the median speedup (a window in SQL).
@@ -18,20 +19,24 @@ No query reads more than one page of best configs.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
-from sqlalchemy import ColumnElement, Select, Subquery, and_, case, func, or_, select
-from sqlalchemy.orm import InstrumentedAttribute, Session
+from sqlalchemy.orm import Session
 
-from tiletune.kernels import KernelSpec, all_kernels
-from tiletune.kernels.peaks import peak_fraction, peak_of
-from tiletune.service.dashboard.overview import SPEEDUP, median_speedups
+from tiletune.kernels import KernelSpec
+from tiletune.service.best_configs import (
+    SORTS,
+    BestFilters,
+    chip_counts,
+    kernel_bests,
+    kernel_choices,
+    stale_reason,
+)
+from tiletune.service.dashboard.pages import kernel_spec, short_fingerprint, throughput
 from tiletune.service.dashboard.render import figure, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import (
@@ -46,154 +51,19 @@ from tiletune.service.dashboard.tables import (
     sort_key,
 )
 from tiletune.service.database import aware
-from tiletune.service.errors import NotFoundError
-from tiletune.service.models import BestConfigRow, ChipRow, SoftwareRow
+from tiletune.service.dependencies import DatabaseDep
 from tiletune.service.specs import check_dtype
 
 router = APIRouter(include_in_schema=False)
 
-SelectT = TypeVar("SelectT", bound=Select[*tuple[Any, ...]])
-
-#: The columns the best-configs table sorts by, and the SQL each sorts on.
-SORTS: dict[str, ColumnElement[Any] | InstrumentedAttribute[Any]] = {
-    "shape": BestConfigRow.shape_key,
-    "dtype": BestConfigRow.dtype,
-    "chip": ChipRow.name,
-    "best_ms": BestConfigRow.median_ms,
-    "default_ms": BestConfigRow.default_ms,
-    "speedup": BestConfigRow.default_ms / BestConfigRow.median_ms,
-    "promoted_at": BestConfigRow.promoted_at,
-}
 DEFAULT_SORT = "shape"
-
-
-def kernel_spec(name: str) -> KernelSpec:
-    """The registered kernel ``name`` (replay kernels too, when enabled); 404 naming ``kernel`` otherwise."""
-    spec = all_kernels().get(name)
-    if spec is None:
-        raise NotFoundError(f"no kernel {name!r} is registered here", field="kernel")
-    return spec
-
-
-_NEWEST_FIRST = (SoftwareRow.first_seen_at.desc(), SoftwareRow.id.desc())
-
-
-def newest_software() -> Subquery:
-    """Per chip id: the id of the software its workers registered last (``fleet.newest_software_id``
-    for every chip at once: a window over the small software table)."""
-    ranked = select(
-        SoftwareRow.chip_id,
-        SoftwareRow.id.label("software_id"),
-        func.row_number().over(partition_by=SoftwareRow.chip_id, order_by=_NEWEST_FIRST).label("rank"),
-    ).subquery()
-    return select(ranked.c.chip_id, ranked.c.software_id).where(ranked.c.rank == 1).subquery("newest")
-
-
-def stale_condition(spec: KernelSpec, newest: Subquery) -> ColumnElement[bool]:
-    """SQL true for a best measured with other software than its chip's newest, or another kernel version."""
-    other_software = and_(
-        newest.c.software_id.is_not(None), BestConfigRow.software_id.is_distinct_from(newest.c.software_id)
-    )
-    return or_(BestConfigRow.kernel_version != spec.version, other_software)
-
-
-def stale_reason(
-    spec: KernelSpec, kernel_version: int, software_id: int | None, newest_id: int | None
-) -> str | None:
-    """Why a best is stale (``software``, ``kernel v1 → v2``, or both), ``None`` when it is current."""
-    reasons = []
-    if newest_id is not None and software_id != newest_id:
-        reasons.append("software")
-    if kernel_version != spec.version:
-        reasons.append(f"kernel v{kernel_version} → v{spec.version}")
-    return "; ".join(reasons) or None
-
-
-def short_fingerprint(text: str | None) -> str | None:
-    """A software fingerprint (canonical JSON) in short: ``torch 2.5.1 · triton 3.1.0 · python 3.12.3``."""
-    if not text:
-        return None
-    try:
-        software = json.loads(text)
-    except ValueError:
-        return text[:60]
-    if not isinstance(software, dict):
-        return text[:60]
-    order = ("torch", "triton", "torch_npu", "cann", "python")
-    names = [name for name in order if software.get(name)] + sorted(
-        name for name in software if name not in order and software[name]
-    )
-    return " · ".join(f"{name} {software[name]}" for name in names) or "—"
-
-
-@dataclass(frozen=True)
-class Throughput:
-    """What one call achieved: GFLOP/s and GB/s (``None`` where the kernel counts none), and the
-    fraction of the chip's published peak on the resource that binds (``None`` where unknown)."""
-
-    gflops: float | None
-    gbps: float | None
-    peak_fraction: float | None
-
-
-def throughput(
-    spec: KernelSpec, shape: dict[str, int], dtype: str, chip: str, median_ms: float
-) -> Throughput:
-    """The achieved rates of a best config (a kernel whose counts fail on a shape counts none)."""
-    if median_ms <= 0:
-        return Throughput(None, None, None)
-    seconds = median_ms / 1000.0
-    try:
-        flops = spec.flops(shape) / seconds
-        moved = spec.bytes_moved(shape, dtype) / seconds
-    except Exception:  # a plugin's count that fails on an old shape: no rate, never a 500
-        return Throughput(None, None, None)
-    flops_per_s = flops if flops > 0 else None
-    bytes_per_s = moved if moved > 0 else None
-    fraction = peak_fraction(peak_of(chip, dtype), flops_per_s, bytes_per_s)
-    return Throughput(
-        readable(flops_per_s / 1e9) if flops_per_s is not None else None,
-        readable(bytes_per_s / 1e9) if bytes_per_s is not None else None,
-        readable(fraction) if fraction is not None else None,
-    )
-
-
-def readable(value: float) -> float | int:
-    """``value`` to three significant digits, as a whole number from 100 up (so tables show ``12,346``,
-    never ``1.23e+04``); a measured time is not more precise than that."""
-    if value >= 100:
-        return round(value)
-    return float(f"{value:.3g}")
-
-
-@dataclass(frozen=True)
-class Filters:
-    """The kernel page's filters, as the URL gives them (empty means none)."""
-
-    chip: str | None = None
-    dtype: str | None = None
-    q: str | None = None
-    stale: bool = False
 
 
 def filters(
     chip: str | None = None, dtype: str | None = None, q: str | None = None, stale: bool = False
-) -> Filters:
+) -> BestFilters:
     """The ``chip``, ``dtype``, ``q``, ``stale`` query parameters (a dependency); a bad dtype is 422."""
-    return Filters(chip or None, check_dtype(dtype) if dtype else None, (q or "").strip() or None, stale)
-
-
-def _filtered(query: SelectT, spec: KernelSpec, where: Filters, newest: Subquery) -> SelectT:
-    query = query.where(BestConfigRow.kernel == spec.name)
-    if where.chip is not None:
-        query = query.where(ChipRow.name == where.chip)
-    if where.dtype is not None:
-        query = query.where(BestConfigRow.dtype == where.dtype)
-    if where.q is not None:
-        query = query.where(BestConfigRow.shape_key.contains(where.q, autoescape=True))
-    if where.stale:
-        query = query.where(stale_condition(spec, newest))
-    return query
+    return BestFilters(chip or None, check_dtype(dtype) if dtype else None, (q or "").strip() or None, stale)
 
 
 COLUMNS = (
@@ -213,54 +83,25 @@ COLUMNS = (
 )
 
 
-def best_table(session: Session, spec: KernelSpec, where: Filters, page: Paging, sort: str | None) -> Table:
+def best_table(
+    session: Session, spec: KernelSpec, where: BestFilters, page: Paging, sort: str | None
+) -> Table:
     """One page of the kernel's best configs (see the module docstring)."""
     name, descending = sort_key(sort, list(SORTS), DEFAULT_SORT)
-    newest = newest_software()
-    joined = select(BestConfigRow.id).join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
-    joined = joined.outerjoin(newest, newest.c.chip_id == BestConfigRow.chip_id)
-    counted = _filtered(joined, spec, where, newest).subquery()
-    total = session.scalar(select(func.count()).select_from(counted))
-    order = SORTS[name]
-    rows = session.execute(
-        _filtered(
-            select(
-                BestConfigRow.shape_key,
-                BestConfigRow.shape,
-                BestConfigRow.dtype,
-                ChipRow.name.label("chip"),
-                BestConfigRow.kernel_version,
-                BestConfigRow.config,
-                BestConfigRow.median_ms,
-                BestConfigRow.default_ms,
-                SPEEDUP,
-                BestConfigRow.software_id,
-                newest.c.software_id.label("newest_id"),
-                SoftwareRow.fingerprint,
-                BestConfigRow.promoted_at,
-            )
-            .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
-            .outerjoin(newest, newest.c.chip_id == BestConfigRow.chip_id)
-            .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id),
-            spec,
-            where,
-            newest,
-        )
-        .order_by(
-            order.is_(None),  # unknown values last, whichever the direction and the database
-            order.desc() if descending else order.asc(),
-            BestConfigRow.shape_key,
-            BestConfigRow.dtype,
-            ChipRow.name,
-            BestConfigRow.id,
-        )
-        .limit(page.per_page)
-        .offset(page.offset)
-    ).all()
+    bests = kernel_bests(
+        session,
+        spec.name,
+        spec.version,
+        where,
+        sort=name,
+        descending=descending,
+        limit=page.per_page,
+        offset=page.offset,
+    )
     table_rows = []
-    for row in rows:
+    for row in bests.rows:
         rates = throughput(spec, row.shape, row.dtype, row.chip, row.median_ms)
-        reason = stale_reason(spec, row.kernel_version, row.software_id, row.newest_id)
+        reason = stale_reason(spec.version, row.kernel_version, row.software_id, row.newest_id)
         table_rows.append(
             {
                 "shape": Link(row.shape_key, shape_url(spec.name, row.shape_key, row.dtype)),
@@ -283,34 +124,18 @@ def best_table(session: Session, spec: KernelSpec, where: Filters, page: Paging,
         "best",
         COLUMNS,
         table_rows,
-        total=total or 0,
+        total=bests.total,
         paging=page,
         sort=name,
         descending=descending,
         empty=f"no best config of {spec.name} matches the filters"
-        if where != Filters()
+        if where != BestFilters()
         else f"{spec.name} is not tuned yet",
     )
 
 
 def chips_table(session: Session, spec: KernelSpec) -> Table:
     """Per chip: keys tuned, how many are stale, and the median speedup over the default."""
-    newest = newest_software()
-    stale = func.sum(case((stale_condition(spec, newest), 1), else_=0))
-    counts = (
-        select(BestConfigRow.chip_id, func.count().label("tuned"), stale.label("stale"))
-        .outerjoin(newest, newest.c.chip_id == BestConfigRow.chip_id)
-        .where(BestConfigRow.kernel == spec.name)
-        .group_by(BestConfigRow.chip_id)
-        .subquery()
-    )
-    medians = median_speedups(spec.name)
-    rows = session.execute(
-        select(ChipRow.name, counts.c.tuned, counts.c.stale, medians.c.median)
-        .join(counts, counts.c.chip_id == ChipRow.id)
-        .outerjoin(medians, medians.c.chip_id == ChipRow.id)
-        .order_by(ChipRow.name)
-    ).all()
     columns = [
         Column("chip", "Chip"),
         Column("tuned", "Keys tuned", "number"),
@@ -327,21 +152,10 @@ def chips_table(session: Session, spec: KernelSpec) -> Table:
                 "stale": int(stale or 0),
                 "median_speedup": median,
             }
-            for chip, tuned, stale, median in rows
+            for chip, tuned, stale, median in chip_counts(session, spec.name, spec.version)
         ],
         empty=f"{spec.name} is not tuned on any chip yet",
     )
-
-
-def choices(session: Session, spec: KernelSpec) -> tuple[list[str], list[str]]:
-    """The chips and dtypes the kernel has best configs on (the filters' dropdowns)."""
-    of_kernel = BestConfigRow.kernel == spec.name
-    chip_ids = select(BestConfigRow.chip_id).where(of_kernel).distinct()
-    chips = session.scalars(select(ChipRow.name).where(ChipRow.id.in_(chip_ids)).order_by(ChipRow.name)).all()
-    dtypes = session.scalars(
-        select(BestConfigRow.dtype).where(of_kernel).distinct().order_by(BestConfigRow.dtype)
-    ).all()
-    return list(chips), list(dtypes)
 
 
 #: The line of speedup 1 (as fast as the default) across the chart.
@@ -383,7 +197,8 @@ def kernel_page(
     request: Request,
     *,
     viewer: ViewerDep,
-    where: Annotated[Filters, Depends(filters)],
+    db: DatabaseDep,
+    where: Annotated[BestFilters, Depends(filters)],
     page: Annotated[Paging, Depends(paging)],
     sort: str | None = None,
     format: Format = "html",
@@ -391,11 +206,10 @@ def kernel_page(
 ) -> Response:
     """The kernel page (see the module docstring); ``format=csv|json`` downloads a table."""
     spec = kernel_spec(kernel)
-    services = request.app.state.services
-    with services.db.read() as session:
+    with db.read() as session:
         best = best_table(session, spec, where, page, sort)
         chips = chips_table(session, spec)
-        chip_choices, dtype_choices = choices(session, spec)
+        chip_choices, dtype_choices = kernel_choices(session, spec.name)
     tables = [best, chips]
     if format != "html":
         return download(pick(tables, table), format)

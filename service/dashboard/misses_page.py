@@ -45,6 +45,7 @@ from tiletune.service.dashboard.tables import (
     sort_key,
 )
 from tiletune.service.database import aware
+from tiletune.service.dependencies import DatabaseDep, SettingsDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.misses import SelectedQueued, queue_selected
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, MissRow
@@ -194,6 +195,8 @@ def misses_page(
     request: Request,
     viewer: ViewerDep,
     *,
+    db: DatabaseDep,
+    settings: SettingsDep,
     page: Annotated[Paging, Depends(paging)],
     kernel: KernelQuery = None,
     chip: ChipQuery = None,
@@ -205,8 +208,7 @@ def misses_page(
     format: Format = "html",
 ) -> Response:
     """The misses page (see the module docstring); ``format=csv|json`` downloads the table."""
-    services = request.app.state.services
-    with services.db.read() as session:
+    with db.read() as session:
         table = misses_table(
             session, kernel=kernel or None, chip=chip or None, show=show, sort=sort, page=page
         )
@@ -223,7 +225,7 @@ def misses_page(
         "show": show,
         "may_queue": viewer.may(Role.SUBMITTER),
         "max_trials": MAX_TRIALS,
-        "default_trials": services.settings.miss_trials,
+        "default_trials": settings.miss_trials,
         "queued": queued,
         "notice_jobs": notice_jobs,
         "live": live,
@@ -278,24 +280,25 @@ def _notice_url(result: SelectedQueued, fields: dict[str, list[str]]) -> str:
 
 
 @router.post("/misses/queue")
-async def queue_misses(request: Request, viewer: ViewerDep) -> Response:
+async def queue_misses(
+    request: Request, viewer: ViewerDep, db: DatabaseDep, settings: SettingsDep
+) -> Response:
     """Queue one sweep for the posted misses (submitter role); back to ``/misses`` with a notice."""
     fields = await read_form(request, viewer)
     identity = require(viewer.identity, Role.SUBMITTER)
     ids = _miss_ids(fields.get("miss", []))
-    services = request.app.state.services
-    trials = _trials(fields.get("trials", []), services.settings.miss_trials)
+    trials = _trials(fields.get("trials", []), settings.miss_trials)
 
     def queue() -> SelectedQueued:
-        with services.db.write() as session:
+        with db.write() as session:
             return queue_selected(
                 session,
                 ids,
                 trials=trials,
-                now=services.db.clock(),
+                now=db.clock(),
                 owner_token_id=identity.token_id,
-                max_jobs=services.settings.max_jobs_per_sweep,
-                max_shape_bytes=services.settings.max_shape_bytes,
+                max_jobs=settings.max_jobs_per_sweep,
+                max_shape_bytes=settings.max_shape_bytes,
             )
 
     result = await run_in_threadpool(queue)

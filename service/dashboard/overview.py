@@ -2,7 +2,8 @@
 
 - **Coverage**: a kernel × chip matrix; each cell is the keys (shape, dtype) tuned over the
   keys requested (by sweeps or by clients' misses), coloured by the median speedup of its best
-  configs over the kernel's default rule. The median is taken in SQL (a window over the cell).
+  configs over the kernel's default rule. The median is taken in SQL (a window over the cell:
+  :func:`tiletune.service.best_configs.median_speedups`).
 - **Jobs** by state, each linking to the jobs list of that state.
 - **Workers online** (seen within the lease time) with their chip and last heartbeat.
 - **Newest promotions**, each linking to its shape page.
@@ -18,14 +19,16 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sqlalchemy import Subquery, and_, func, select, true, union
+from sqlalchemy import func, select, union
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JOB_STATES
+from tiletune.service.best_configs import median_speedups
 from tiletune.service.dashboard.render import render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
 from tiletune.service.database import aware
+from tiletune.service.dependencies import DatabaseDep, SettingsDep
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, MissRow, PromotionRow, WorkerRow
 
 router = APIRouter(include_in_schema=False)
@@ -33,8 +36,6 @@ router = APIRouter(include_in_schema=False)
 #: How many promotions and workers the overview lists.
 NEWEST = 10
 WORKERS_SHOWN = 50
-#: A best config's speedup over the default rule, computed in SQL.
-SPEEDUP = (BestConfigRow.default_ms / BestConfigRow.median_ms).label("speedup")
 #: The chip column of jobs not bound to a chip yet and open to any.
 ANY_CHIP = "*"
 
@@ -46,34 +47,6 @@ class Cell:
     tuned: int
     requested: int
     median_speedup: float | None
-
-
-def median_speedups(kernel: str | None = None) -> Subquery:
-    """Per (kernel, chip id): the median of ``default_ms / median_ms`` over its best configs.
-
-    Taken in SQL: the cell's rows ranked by speedup in a window, the middle one (or the mean of
-    the middle two) kept. ``kernel`` narrows it to one kernel's cells.
-    """
-    cell = (BestConfigRow.kernel, BestConfigRow.chip_id)
-    ranked = (
-        select(
-            BestConfigRow.kernel,
-            BestConfigRow.chip_id,
-            SPEEDUP,
-            func.row_number().over(partition_by=cell, order_by=SPEEDUP).label("rank"),
-            func.count().over(partition_by=cell).label("n"),
-        )
-        .where(BestConfigRow.default_ms.is_not(None), BestConfigRow.median_ms > 0)
-        .where(BestConfigRow.kernel == kernel if kernel is not None else true())
-        .subquery()
-    )
-    middle = and_(ranked.c.rank * 2 >= ranked.c.n, ranked.c.rank * 2 <= ranked.c.n + 2)
-    return (
-        select(ranked.c.kernel, ranked.c.chip_id, func.avg(ranked.c.speedup).label("median"))
-        .where(middle)
-        .group_by(ranked.c.kernel, ranked.c.chip_id)
-        .subquery()
-    )
 
 
 def coverage(session: Session) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
@@ -205,14 +178,19 @@ def coverage_table(kernels: list[str], chips: list[str], cells: dict[tuple[str, 
 
 @router.get("/")
 def overview(
-    request: Request, viewer: ViewerDep, format: Format = "html", table: str | None = None
+    request: Request,
+    *,
+    viewer: ViewerDep,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    format: Format = "html",
+    table: str | None = None,
 ) -> Response:
     """The overview page (see the module docstring); ``format=csv|json`` downloads a table."""
-    services = request.app.state.services
-    with services.db.read() as session:
+    with db.read() as session:
         kernels, chips, cells = coverage(session)
         states = jobs_by_state(session)
-        workers = workers_table(session, services.settings.lease_s, services.db.clock())
+        workers = workers_table(session, settings.lease_s, db.clock())
         promotions = promotions_table(session)
     tables = [coverage_table(kernels, chips, cells), workers, promotions]
     if format != "html":

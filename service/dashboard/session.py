@@ -38,7 +38,7 @@ from sqlalchemy import ColumnElement, delete, or_, select, update
 from tiletune.client.wire import Role
 from tiletune.service.auth import ANONYMOUS, Identity
 from tiletune.service.database import Database, aware
-from tiletune.service.dependencies import authenticate_request
+from tiletune.service.dependencies import DatabaseDep, SettingsDep, authenticate_request
 from tiletune.service.errors import ForbiddenError, InvalidInputError
 from tiletune.service.models import BrowserSessionRow, TokenRow
 
@@ -174,11 +174,12 @@ class BrowserSessions:
         )
 
 
-def browser_sessions(request: Request) -> BrowserSessions:
-    """The app's browser sessions, with its settings' limits."""
-    services = request.app.state.services
-    settings = services.settings
-    return BrowserSessions(services.db, settings.session_idle_s, settings.session_max_s)
+async def browser_sessions(db: DatabaseDep, settings: SettingsDep) -> BrowserSessions:
+    """The app's browser sessions, with its settings' limits (a dependency: :data:`BrowserSessionsDep`)."""
+    return BrowserSessions(db, settings.session_idle_s, settings.session_max_s)
+
+
+BrowserSessionsDep = Annotated[BrowserSessions, Depends(browser_sessions)]
 
 
 def _bearer(request: Request) -> str | None:
@@ -194,24 +195,23 @@ def here(request: Request) -> str:
     return request.url.path + (f"?{query}" if query else "")
 
 
-async def viewer_of(request: Request) -> Viewer:
+async def viewer_of(request: Request, sessions: BrowserSessionsDep, settings: SettingsDep) -> Viewer:
     """The page's viewer; :class:`SignInRequiredError` when it needs a sign-in the browser lacks.
 
     A bearer token that is unknown or revoked is a 401, as on the API, and takes one of the
     address's failed authentications (429 once they are used up: :func:`authenticate_request`).
     """
-    services = request.app.state.services
     bearer = _bearer(request)
     if bearer is not None:
         identity = await authenticate_request(request, bearer)
         return Viewer(identity, csrf_token(bearer), False)
     session_id = request.cookies.get(COOKIE)
     if session_id:
-        signed_in = await run_in_threadpool(browser_sessions(request).identify, session_id)
+        signed_in = await run_in_threadpool(sessions.identify, session_id)
         if signed_in is None:
             raise SignInRequiredError(here(request), stale=True)
         return Viewer(signed_in, csrf_token(session_id), True)
-    if services.settings.open_reads:
+    if settings.open_reads:
         return Viewer(ANONYMOUS, None, False)
     raise SignInRequiredError(here(request))
 

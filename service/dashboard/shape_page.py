@@ -6,7 +6,8 @@ spec, then read under its canonical key), ``?dtype=`` the dtype (``float32`` by 
 
 - **Best per chip**, with provenance: the job and trial it came from, the software it was
   measured with, when it was promoted, the default config and its time, the speedup, and the
-  stale mark of the kernel page (:mod:`.kernel_page`).
+  stale mark of the kernel page (:mod:`.kernel_page`; both read through
+  :mod:`tiletune.service.best_configs`).
 - **History** ``chart-history``: every promotion of the key (``promotions`` by kernel, shape key,
   dtype: an index) as a point over its time, one trace per (chip, kernel version, software), and
   per chip a dashed trace of the default's time; and the promotions as a table, newest first.
@@ -34,21 +35,16 @@ from sqlalchemy.orm import Session
 from tiletune.client.nearest import nearest
 from tiletune.client.wire import DTYPES
 from tiletune.kernels import KernelSpec, Shape
-from tiletune.service.dashboard.kernel_page import (
-    kernel_spec,
-    newest_software,
-    readable,
-    short_fingerprint,
-    stale_reason,
-    throughput,
-)
+from tiletune.service.best_configs import key_bests, stale_reason
+from tiletune.service.dashboard.pages import kernel_spec, readable, short_fingerprint, throughput
 from tiletune.service.dashboard.render import LOG_AXIS, figure, render, shape_url, speedup
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
-from tiletune.service.database import aware
+from tiletune.service.database import Database, aware
+from tiletune.service.dependencies import DatabaseDep, ReadsDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.index import Snapshot
-from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
+from tiletune.service.models import ChipRow, PromotionRow, SoftwareRow
 from tiletune.service.specs import parse_key
 
 router = APIRouter(include_in_schema=False)
@@ -91,34 +87,6 @@ def job_link(job_id: int | None) -> Link | None:
 
 def best_table(session: Session, key: Key) -> Table:
     """The key's best config on each chip (every kernel version the store holds), with provenance."""
-    newest = newest_software()
-    query = (
-        select(
-            ChipRow.name.label("chip"),
-            BestConfigRow.kernel_version,
-            BestConfigRow.config,
-            BestConfigRow.median_ms,
-            BestConfigRow.default_config,
-            BestConfigRow.default_ms,
-            BestConfigRow.job_id,
-            BestConfigRow.trial_id,
-            BestConfigRow.software_id,
-            newest.c.software_id.label("newest_id"),
-            SoftwareRow.fingerprint,
-            BestConfigRow.promoted_at,
-        )
-        .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
-        .outerjoin(newest, newest.c.chip_id == BestConfigRow.chip_id)
-        .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
-        .where(
-            BestConfigRow.kernel == key.spec.name,
-            BestConfigRow.shape_key == key.shape_key,
-            BestConfigRow.dtype == key.dtype,
-        )
-        .order_by(ChipRow.name, BestConfigRow.kernel_version.desc())
-    )
-    if key.chip is not None:
-        query = query.where(ChipRow.name == key.chip)
     columns = [
         Column("chip", "Chip"),
         Column("kernel_version", "Version", "number"),
@@ -137,9 +105,9 @@ def best_table(session: Session, key: Key) -> Table:
         Column("stale", "Stale"),
     ]
     rows = []
-    for row in session.execute(query):
+    for row in key_bests(session, key.spec.name, key.shape_key, key.dtype, key.chip):
         rates = throughput(key.spec, key.shape, key.dtype, row.chip, row.median_ms)
-        reason = stale_reason(key.spec, row.kernel_version, row.software_id, row.newest_id)
+        reason = stale_reason(key.spec.version, row.kernel_version, row.software_id, row.newest_id)
         rows.append(
             {
                 "chip": row.chip,
@@ -321,8 +289,8 @@ def neighbours_table(snapshot: Snapshot | None, key: Key) -> Table:
     return Table("neighbours", columns, rows, empty="no other shape of this kernel and dtype is tuned")
 
 
-def _read(request: Request, key: Key) -> tuple[Table, list[Any], int]:
-    with request.app.state.services.db.read() as session:
+def _read(db: Database, key: Key) -> tuple[Table, list[Any], int]:
+    with db.read() as session:
         best = best_table(session, key)
         rows, total = history_rows(session, key)
     return best, rows, total
@@ -335,6 +303,8 @@ async def shape_page(
     request: Request,
     *,
     viewer: ViewerDep,
+    db: DatabaseDep,
+    reads: ReadsDep,
     dtype: str = "float32",
     chip: str | None = None,
     format: Format = "html",
@@ -342,8 +312,8 @@ async def shape_page(
 ) -> Response:
     """The shape page (see the module docstring); ``format=csv|json`` downloads a table."""
     key = parse_page_key(kernel, shape_key, dtype, chip)
-    snapshot = await request.app.state.services.reads.index.current()
-    best, rows, total = await run_in_threadpool(_read, request, key)
+    snapshot = await reads.index.current()
+    best, rows, total = await run_in_threadpool(_read, db, key)
     tables = [best, history_table(rows), neighbours_table(snapshot, key)]
     if format != "html":
         return download(pick(tables, table), format)

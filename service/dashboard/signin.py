@@ -13,14 +13,15 @@ from tiletune.service.auth import ANONYMOUS
 from tiletune.service.dashboard.render import render
 from tiletune.service.dashboard.session import (
     COOKIE,
+    BrowserSessionsDep,
     Viewer,
     ViewerDep,
-    browser_sessions,
     read_form,
     safe_next,
 )
-from tiletune.service.dependencies import authenticate_request
+from tiletune.service.dependencies import SettingsDep, authenticate_request
 from tiletune.service.errors import RateLimitedError, UnauthorizedError
+from tiletune.service.settings import Settings
 
 router = APIRouter(include_in_schema=False)
 
@@ -37,8 +38,9 @@ def duration(seconds: float) -> str:
     return f"{seconds:g} seconds"
 
 
-def _signin_page(request: Request, next_path: str, error: str | None, status_code: int = 200) -> HTMLResponse:
-    settings = request.app.state.services.settings
+def _signin_page(
+    request: Request, settings: Settings, next_path: str, error: str | None, status_code: int = 200
+) -> HTMLResponse:
     context = {
         "next": next_path,
         "error": error,
@@ -54,13 +56,13 @@ def _is_https(request: Request) -> bool:
 
 
 @router.get("/signin")
-async def signin_page(request: Request, next_path: NextQuery = "/") -> Response:
+async def signin_page(request: Request, settings: SettingsDep, next_path: NextQuery = "/") -> Response:
     """The sign-in form."""
-    return _signin_page(request, safe_next(next_path), None)
+    return _signin_page(request, settings, safe_next(next_path), None)
 
 
 @router.post("/signin")
-async def signin(request: Request) -> Response:
+async def signin(request: Request, sessions: BrowserSessionsDep, settings: SettingsDep) -> Response:
     """Verify the posted token, open a browser session for it and go back to ``next``.
 
     The cookie holds the new session's id, never the token; a session the browser had is ended.
@@ -70,15 +72,16 @@ async def signin(request: Request) -> Response:
     secret = (fields.get("token") or [""])[0].strip()
     next_path = safe_next((fields.get("next") or ["/"])[0])
     if not secret or len(secret) > MAX_TOKEN_CHARS:
-        return _signin_page(request, next_path, "paste a token (tt_…)", status_code=401)
+        return _signin_page(request, settings, next_path, "paste a token (tt_…)", status_code=401)
     try:
         identity = await authenticate_request(request, secret)
     except UnauthorizedError:
-        return _signin_page(request, next_path, "that token is unknown or revoked", status_code=401)
+        return _signin_page(request, settings, next_path, "that token is unknown or revoked", status_code=401)
     except RateLimitedError:
-        return _signin_page(request, next_path, "too many failed sign-ins from here; wait", status_code=429)
+        return _signin_page(
+            request, settings, next_path, "too many failed sign-ins from here; wait", status_code=429
+        )
     assert identity.token_id is not None  # a verified token has its row
-    sessions = browser_sessions(request)
     previous = request.cookies.get(COOKIE)
     if previous:
         await run_in_threadpool(sessions.close, previous)
@@ -87,7 +90,7 @@ async def signin(request: Request) -> Response:
     response.set_cookie(
         COOKIE,
         session_id,
-        max_age=math.ceil(request.app.state.services.settings.session_max_s),
+        max_age=math.ceil(settings.session_max_s),
         httponly=True,
         samesite="strict",
         secure=_is_https(request),
@@ -97,12 +100,12 @@ async def signin(request: Request) -> Response:
 
 
 @router.post("/signout")
-async def signout(request: Request, viewer: ViewerDep) -> Response:
+async def signout(request: Request, viewer: ViewerDep, sessions: BrowserSessionsDep) -> Response:
     """End the browser's session on the server and forget its cookie."""
     await read_form(request, viewer)
     session_id = request.cookies.get(COOKIE)
     if viewer.from_cookie and session_id:
-        await run_in_threadpool(browser_sessions(request).close, session_id)
+        await run_in_threadpool(sessions.close, session_id)
     response = RedirectResponse("/", status_code=303)
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=_is_https(request))
     return response

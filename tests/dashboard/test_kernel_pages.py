@@ -26,7 +26,7 @@ from tiletune.kernels import DeviceLimits, get_kernel
 from tiletune.kernels.peaks import peak_fraction, peak_of
 from tiletune.service import configs
 from tiletune.service.app import create_app
-from tiletune.service.dashboard.kernel_page import readable
+from tiletune.service.dashboard.pages import readable
 from tiletune.service.dashboard.render import shape_url
 from tiletune.service.fleet import chip_by_name, newest_software_id
 from tiletune.service.migrate import upgrade

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from tiletune.client import chip as client_chip
-from tiletune.kernels.device import ascend_limits, available_kinds, cpu_chip, get_device, software_fingerprint
+from tiletune.client.chip import software_fingerprint
+from tiletune.kernels.device import ascend_limits, available_kinds, cpu_chip, get_device
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
 
 

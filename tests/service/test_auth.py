@@ -39,11 +39,6 @@ POLICY: dict[tuple[str, str], Role | None] = {
     ("GET", "/v1/jobs/{job_id}/trials"): Role.READER,
     ("POST", "/v1/workers"): Role.WORKER,
     ("POST", "/v1/leases"): Role.WORKER,
-    ("POST", "/v1/leases/{token}/heartbeat"): Role.WORKER,
-    ("POST", "/v1/leases/{token}/ask"): Role.WORKER,
-    ("POST", "/v1/leases/{token}/tell"): Role.WORKER,
-    ("POST", "/v1/leases/{token}/complete"): Role.WORKER,
-    ("POST", "/v1/leases/{token}/release"): Role.WORKER,
     ("POST", "/v1/lease/heartbeat"): Role.WORKER,
     ("POST", "/v1/lease/ask"): Role.WORKER,
     ("POST", "/v1/lease/tell"): Role.WORKER,
@@ -111,7 +106,6 @@ def request_of(world: World, method: str, path: str) -> tuple[str, dict[str, Any
     filled = (
         path.replace("{sweep_id}", str(world.sweep_id))
         .replace("{job_id}", str(world.job_id))
-        .replace("{token}", world.lease_token)
         .replace("{token_id}", "1")
         .replace("{kernel}", "add")
     )
@@ -197,12 +191,13 @@ def test_a_worker_cannot_pose_as_another_tokens_worker(world: World) -> None:
     before = snapshot(world.url)
 
     leased = world.client.post("/v1/leases", json={"worker_id": world.worker_id}, headers=other)
-    asked = world.client.post(f"/v1/leases/{world.lease_token}/ask", headers=other)
+    leased_as_other = {**other, "X-Lease-Token": world.lease_token}
+    asked = world.client.post("/v1/lease/ask", headers=leased_as_other)
     told = world.client.post(
-        f"/v1/leases/{world.lease_token}/tell",
+        "/v1/lease/tell",
         json={"outcomes": [{"trial_id": 0, "measurement": {"median_ms": 1e-6, "p10_ms": 1e-6, "p90_ms": 1e-6,
                                                             "min_ms": 1e-6, "samples": 1}}]},
-        headers=other,
+        headers=leased_as_other,
     )  # fmt: skip
 
     assert [leased.status_code, asked.status_code, told.status_code] == [403, 403, 403]

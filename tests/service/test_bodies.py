@@ -193,7 +193,8 @@ def test_every_route_that_takes_a_body_has_a_cap_and_the_same_model(app: TestCli
         if spec.model is not None:
             method, path = route.split(" ", 1)
             assert spec.role == POLICY[(method, path)], route
-    assert route_body("POST", "/v1/leases/some-token/tell") is ROUTE_BODIES["POST /v1/leases/{token}/tell"]
+    assert route_body("POST", "/v1/lease/tell") is ROUTE_BODIES["POST /v1/lease/tell"]
+    assert route_body("POST", "/v1/leases/some-token/tell").max_bytes == NO_BODY_BYTES  # no such route
     assert route_body("POST", "/v1/lease/heartbeat").max_bytes == NO_BODY_BYTES
     assert route_body("GET", "/v1/sweeps").max_bytes == NO_BODY_BYTES
 

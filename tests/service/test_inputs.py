@@ -269,12 +269,32 @@ def test_miss_reports_are_rate_limited_per_token(database_url: str) -> None:
         assert snapshot(database_url) == before
 
 
-def test_no_lease_token_reaches_a_log_line() -> None:
-    from tiletune.client.calls import ServerRefusedError, redacted
+def test_a_lease_token_is_never_part_of_a_path(client: tuple[TestClient, str]) -> None:
+    from tiletune.client import calls
+    from tiletune.client.wire import LEASE_TOKEN_HEADER, MeasurementWire, TrialOutcome, ValidatedConfig
 
-    path = "/v1/leases/Zx9-secret_token/ask?n=2"
-    assert redacted(f"POST {path} 200") == "POST /v1/leases/***/ask?n=2 200"
-    assert "secret" not in str(ServerRefusedError(path, 409, None, "gone"))
+    app, url = client
+    worker = app.post("/v1/workers", json={"name": "w3", "chip": CHIP, "backends": ["torch"]}).json()["id"]
+    assert (
+        app.post("/v1/sweeps", json={"kernel": "add", "shapes": [{"n": 4096}], "trials": 3}).status_code
+        == 201
+    )
+    token = app.post("/v1/leases", json={"worker_id": worker}).json()["token"]
+    before = snapshot(url)
+    for verb in ("heartbeat", "ask", "tell", "complete", "release"):  # no route takes it in its path
+        assert app.post(f"/v1/leases/{token}/{verb}", json={}).status_code == 404, verb
+    assert snapshot(url) == before
+    timing = MeasurementWire(median_ms=1.0, p10_ms=1.0, p90_ms=1.0, min_ms=1.0, samples=3)
+    for call in (
+        calls.heartbeat(token),
+        calls.ask(token, 2, [1]),
+        calls.tell(token, [TrialOutcome(trial_id=1, error="made up")]),
+        calls.complete(token, [ValidatedConfig(config={"tile_size": 64}, measurement=timing)]),
+        calls.release(token, "stopping", False),
+    ):
+        assert token not in call.path
+        assert token not in str(call.params)
+        assert call.headers == {LEASE_TOKEN_HEADER: token}
 
 
 def test_a_told_time_that_is_not_a_time_is_refused(client: tuple[TestClient, str]) -> None:

@@ -60,7 +60,7 @@ def test_a_tuned_job_shows_in_the_metrics(client: TestClient, clock: ManualClock
     assert samples[("tiletune_lookups_total", (("answer", "nearest"),))] == 1
     assert samples[("tiletune_job_queue_wait_seconds_sum", ())] == pytest.approx(3.0)
     assert samples[("tiletune_job_run_seconds_count", ())] == 1
-    ask_route = (("method", "POST"), ("route", "/v1/leases/{token}/ask"), ("status", "200"))
+    ask_route = (("method", "POST"), ("route", "/v1/lease/ask"), ("status", "200"))
     assert samples[("tiletune_request_seconds_count", ask_route)] >= 3
     job_route = (("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "200"))
     assert samples[("tiletune_request_seconds_count", job_route)] == 1

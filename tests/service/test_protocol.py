@@ -65,6 +65,11 @@ def lease(client: TestClient, worker_id: int) -> dict[str, Any] | None:
     return body
 
 
+def held(token: str) -> dict[str, str]:
+    """The header that names the lease a call is about."""
+    return {"X-Lease-Token": token}
+
+
 def synthetic_ms(config: dict[str, int]) -> float:
     """A deterministic time: best at tile 4096, buffers 2, depth 2."""
     tile = config["tile_size"]
@@ -81,7 +86,7 @@ def measurement(ms: float) -> dict[str, Any]:
 
 
 def ask(client: TestClient, token: str, n: int = 1) -> dict[str, Any]:
-    response = client.post(f"/v1/leases/{token}/ask", params={"n": n})
+    response = client.post("/v1/lease/ask", headers=held(token), params={"n": n})
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
@@ -92,7 +97,7 @@ def tell(client: TestClient, token: str, tasks: list[dict[str, Any]]) -> dict[st
         {"trial_id": task["trial_id"], "measurement": measurement(synthetic_ms(task["config"]))}
         for task in tasks
     ]
-    response = client.post(f"/v1/leases/{token}/tell", json={"outcomes": outcomes})
+    response = client.post("/v1/lease/tell", headers=held(token), json={"outcomes": outcomes})
     assert response.status_code == 200, response.text
     body: dict[str, Any] = response.json()
     return body
@@ -108,7 +113,7 @@ def work_job(client: TestClient, token: str, batch: int = 2) -> dict[str, Any]:
         assert answer["phase"] == "validate", answer
         configs = answer["validate_configs"]
         results = [{"config": c, "measurement": measurement(synthetic_ms(c))} for c in configs]
-        response = client.post(f"/v1/leases/{token}/complete", json={"results": results})
+        response = client.post("/v1/lease/complete", headers=held(token), json={"results": results})
         assert response.status_code == 200, response.text
         job: dict[str, Any] = response.json()
         return job
@@ -218,7 +223,9 @@ def test_an_expired_lease_is_fenced_and_its_trials_are_asked_again(
     tasks = ask(client, token, 2)["tasks"]
     tell(client, token, tasks[:1])
     clock.advance(LEASE_S + 1)
-    late = client.post(f"/v1/leases/{token}/tell", json={"outcomes": [{"trial_id": 0, "error": "x"}]})
+    late = client.post(
+        "/v1/lease/tell", headers=held(token), json={"outcomes": [{"trial_id": 0, "error": "x"}]}
+    )
     assert late.status_code == 409
     assert late.json()["code"] == "lease_lost"
     taken_over = lease(client, second)  # leasing reaps the expired lease first
@@ -240,7 +247,7 @@ def test_a_heartbeat_keeps_a_lease_alive(client: TestClient, clock: ManualClock)
     assert leased is not None
     for _ in range(3):
         clock.advance(LEASE_S * 0.8)
-        response = client.post(f"/v1/leases/{leased['token']}/heartbeat")
+        response = client.post("/v1/lease/heartbeat", headers=held(leased["token"]))
         assert response.status_code == 200, response.text
     assert ask(client, leased["token"])["phase"] == "search"
 
@@ -268,11 +275,11 @@ def test_release_returns_the_job_and_failed_releases_count(client: TestClient) -
     assert leased is not None
     ask(client, leased["token"], 2)
     release = {"reason": "cannot run", "failed": True}
-    response = client.post(f"/v1/leases/{leased['token']}/release", json=release)
+    response = client.post("/v1/lease/release", headers=held(leased["token"]), json=release)
     assert response.status_code == 200, response.text
     assert response.json()["state"] == "queued"
     assert response.json()["failure_reasons"] == ["cannot run"]
-    after = client.post(f"/v1/leases/{leased['token']}/ask")
+    after = client.post("/v1/lease/ask", headers=held(leased["token"]))
     assert after.status_code == 409
     again = lease(client, worker)
     assert again is not None
@@ -393,7 +400,7 @@ def test_health_metrics_and_openapi(client: TestClient) -> None:
     submit(client)
     assert 'tiletune_jobs{state="queued"} 1.0' in client.get("/metrics").text
     paths = client.get("/openapi.json").json()["paths"]
-    assert "/v1/leases/{token}/ask" in paths
+    assert "/v1/lease/ask" in paths
 
 
 def test_two_replicas_over_postgres_serve_one_job_without_repeating_a_config(clock: ManualClock) -> None:
@@ -507,7 +514,7 @@ def test_a_job_ends_on_convergence_when_given_patience(client: TestClient) -> No
     token = leased["token"]
     while (answer := ask(client, token))["phase"] == "search":
         outcomes = [{"trial_id": t["trial_id"], "measurement": measurement(1.0)} for t in answer["tasks"]]
-        client.post(f"/v1/leases/{token}/tell", json={"outcomes": outcomes}).raise_for_status()
+        client.post("/v1/lease/tell", headers=held(token), json={"outcomes": outcomes}).raise_for_status()
     assert answer["phase"] == "validate"
     assert client.get(f"/v1/jobs/{leased['job']['id']}").json()["progress"]["completed"] == 4
 

@@ -21,7 +21,18 @@ from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 
 from .conftest import ManualClock, postgres_database
-from .test_protocol import LEASE_S, ask, lease, measurement, register, submit, synthetic_ms, tell, work_job
+from .test_protocol import (
+    LEASE_S,
+    ask,
+    held,
+    lease,
+    measurement,
+    register,
+    submit,
+    synthetic_ms,
+    tell,
+    work_job,
+)
 
 
 @contextmanager
@@ -60,7 +71,7 @@ def test_asking_again_after_a_lost_answer_returns_the_same_trials_first(
         assert len(again) == 3
         # a worker that says what it holds gets new trials, never its own again
         ahead = client.post(
-            f"/v1/leases/{token}/ask", params={"n": 2, "holding": [t["trial_id"] for t in again]}
+            "/v1/lease/ask", headers=held(token), params={"n": 2, "holding": [t["trial_id"] for t in again]}
         ).json()["tasks"]
         assert {t["trial_id"] for t in ahead}.isdisjoint({t["trial_id"] for t in again})
         tell(client, token, again + ahead)
@@ -156,7 +167,7 @@ def test_a_failed_transaction_leaves_no_trace_in_the_search(database_url: str, c
         token = leased["token"]
         tasks = ask(client, token, 2)["tasks"]
         bad = [{"trial_id": tasks[0]["trial_id"], "measurement": measurement(1.0)}, {"trial_id": 999}]
-        refused = client.post(f"/v1/leases/{token}/tell", json={"outcomes": bad})
+        refused = client.post("/v1/lease/tell", headers=held(token), json={"outcomes": bad})
         assert refused.status_code == 422
         told = tell(client, token, tasks)  # the first outcome was rolled back with the refusal
         assert told == {"accepted": 2, "repeated": 0}

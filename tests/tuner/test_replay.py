@@ -10,15 +10,15 @@ from typing import Any
 import optuna
 import pytest
 
-from tiletune.tuner.replay import (
+from tiletune.kernels.recorded import (
     NOT_RECORDED,
     REPLAY_DIR_ENV,
     RecordedFailureError,
     ReplayError,
     default_replay_dir,
-    load_replay,
     replay_spaces,
 )
+from tiletune.tuner.replay import load_replay
 from tiletune.tuner.search import Search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -299,6 +299,7 @@ def test_a_replay_worker_registers_the_replay_chip_with_the_replay_kernels_alone
         registration = Worker(http, backend="replay", name="replay-1").registration()
     assert registration.chip.name == "replay/recorded"
     assert registration.chip.kind == "replay"
+    assert registration.chip.cores is None  # a replay chip's spaces read no cores
     assert registration.kernels == [PNPOLY]
     assert registration.backends == ["replay"]
     assert registration.kernel_versions == {PNPOLY: 1}

@@ -17,14 +17,15 @@ from collections.abc import Callable
 
 import httpx
 import pytest
+import torch
 
 from tiletune.client.api import Backoff
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import CpuDevice
+from tiletune.kernels.recorded import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
 from tiletune.service.cli import main
 from tiletune.service.cli.local import REPLAY_DIR_ENV
 from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
-from tiletune.tuner.replay import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
 from tiletune.tuner.result import outcome_of, validated_results
 from tiletune.tuner.worker import STOP_REASON, Worker, WorkerRejectedError
 
@@ -222,6 +223,7 @@ def test_registration_describes_this_chip_and_its_kernels() -> None:
     assert body.chip.kind == "cpu"
     assert body.chip.name.startswith("cpu/")
     assert body.chip.local_memory_bytes > 0
+    assert body.chip.cores == torch.get_num_threads()  # what its native kernels spread over
     assert "torch" in body.backends
     assert {"add", "matmul", "fused_attention"} <= set(body.kernels)
     assert body.software["torch"]

@@ -12,17 +12,15 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import Dim, Knob, snap_down
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.spec import (
     Config,
     DeviceLimits,
-    Dim,
     KernelSpec,
-    Knob,
     Shape,
     element_size,
     heuristic_tiling,
-    snap_down,
     torch_dtype,
 )
 
