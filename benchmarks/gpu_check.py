@@ -26,8 +26,8 @@ import torch.nn.functional as F  # noqa: N812
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import get_device
 from tiletune.kernels.spec import Shape
-from tiletune.tuner.bench import BenchSettings, KernelBench, measure_interleaved
-from tiletune.tuner.tune import TuneOptions, tune
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_interleaved
+from tiletune.tuner.measure.tune import TuneOptions, tune
 
 ATTENTION_SHAPES: list[Shape] = [
     {"batch": 4, "heads": 16, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64, "causal": 0},

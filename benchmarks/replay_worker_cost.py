@@ -44,8 +44,8 @@ from tiletune.kernels.replay_kernels import (
     replay_kernels,
     variant_sweep,
 )
-from tiletune.tuner.replay_bench import ReplayBench
-from tiletune.tuner.result import outcome_of, validated_results
+from tiletune.tuner.measure.replay_bench import ReplayBench
+from tiletune.tuner.measure.result import outcome_of, validated_results
 
 BUNDLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "replay"
 TOKEN = "replay-bench-admin-token-0123456789"

@@ -1,13 +1,13 @@
 """Search quality on recorded tuning spaces: how close to the optimum, after how much of the space.
 
-For each recorded space (see ``tiletune.tuner.replay``) and each strategy, runs
+For each recorded space (see ``tiletune.tuner.measure.replay``) and each strategy, runs
 the search with several seeds against the replay device, each up to the largest
 budget, and reports after each budget (a percentage of the valid space in unique
 valid measurements, failures included): the fraction of the optimum reached
 (optimum time / best time found), median and worst seed, and how many seeds
 reach ``REACH`` (0.97); and, per run, the area under the best-so-far curve with
 the budget on a log axis from the smallest to the largest budget
-(``tiletune.tuner.quality.log_auc``: one figure per run); and the budget each seed
+(``tiletune.tuner.search.quality.log_auc``: one figure per run); and the budget each seed
 needed to first reach ``REACH`` (``to_reach``, % of the valid space; ``null`` when it
 did not within the largest budget). ``tpe`` is compared
 with ``random`` at the median and at the worst seed of every budget. Also
@@ -59,7 +59,8 @@ from typing import Any
 import optuna
 
 from tiletune.kernels.recorded import replay_spaces
-from tiletune.tuner.quality import (
+from tiletune.tuner.measure.replay import ReplaySpace, load_replay
+from tiletune.tuner.search.quality import (
     budget_needed,
     budget_trials,
     choose_leave_one_device_out,
@@ -68,9 +69,8 @@ from tiletune.tuner.quality import (
     log_auc,
     trials_to_reach,
 )
-from tiletune.tuner.replay import ReplaySpace, load_replay
-from tiletune.tuner.search import STRATEGIES, Config, Search, TpeOptions
-from tiletune.tuner.warm_start import interleave_seeds
+from tiletune.tuner.search.search import STRATEGIES, Config, Search, TpeOptions
+from tiletune.tuner.search.warm_start import interleave_seeds
 
 REACH = 0.97
 #: (budget %, statistic, at least): the issue's goals for ``tpe``.

@@ -1,7 +1,7 @@
 """The same tuning job run locally and through the service: wall-time ratio and per-trial overhead.
 
 Local: ``tune()`` in this process. Service: a real ``tiletune server`` process
-(fresh SQLite file) and one :class:`~tiletune.tuner.worker.Worker` in this
+(fresh SQLite file) and one :class:`~tiletune.tuner.measure.worker.Worker` in this
 process (its defaults: batched, pipelined asks; connected and registered once, as a worker
 process is for many jobs), from ``POST /v1/sweeps`` until the job is ``done``. Both use the
 same kernel, shape, search (tpe, same seed, same trial budget), implementation (the one local
@@ -32,9 +32,9 @@ from tiletune.client.wire import DEFAULT_BATCH
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import get_device
 from tiletune.kernels.native_spec import preferred_backend
-from tiletune.tuner.bench import BenchSettings
-from tiletune.tuner.tune import TuneOptions, tune
-from tiletune.tuner.worker import Worker
+from tiletune.tuner.measure.bench import BenchSettings
+from tiletune.tuner.measure.tune import TuneOptions, tune
+from tiletune.tuner.measure.worker import Worker
 
 KERNEL = "softmax"
 SHAPE = {"rows": 256, "cols": 1024}

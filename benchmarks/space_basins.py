@@ -1,6 +1,6 @@
 """The landscape of each recorded space: its local optima and how much of it climbs to the optimum.
 
-For each recorded space (``tiletune.tuner.replay``), every valid config that ran is
+For each recorded space (``tiletune.tuner.measure.replay``), every valid config that ran is
 climbed by best-improvement hill climbing (move to the fastest neighbour while it is
 faster) under two neighbourhoods: *one knob* changed (to any of its values: what local
 search looks at) and *two knobs* changed. Reported per neighbourhood: the number of
@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tiletune.kernels.recorded import replay_spaces
-from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.replay import ReplaySpace, load_replay
+from tiletune.tuner.measure.replay import ReplaySpace, load_replay
+from tiletune.tuner.search.encoding import Encoding, Key
 
 REACH = 0.97
 

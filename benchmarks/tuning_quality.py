@@ -35,9 +35,9 @@ from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import Shape
 from tiletune.kernels.vendor import vendor_op
-from tiletune.tuner.bench import BenchSettings, KernelBench, measure_interleaved
-from tiletune.tuner.search import TpeOptions
-from tiletune.tuner.tune import TracePoint, TuneOptions, tune
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_interleaved
+from tiletune.tuner.measure.tune import TracePoint, TuneOptions, tune
+from tiletune.tuner.search.search import TpeOptions
 
 COMPUTE_BOUND = ("matmul", "fused_attention")
 TUNE_FRACTION = 0.15

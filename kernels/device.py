@@ -14,7 +14,7 @@ clients look configs up under are equal by construction.
 
 The ``replay`` kind (:class:`ReplayDevice`) is no hardware: one chip, :data:`REPLAY_CHIP`,
 on which replay kernels (:mod:`tiletune.kernels.replay_kernels`) are "measured" by looking
-their recorded times up (:class:`~tiletune.tuner.replay_bench.ReplayBench`); it times
+their recorded times up (:class:`~tiletune.tuner.measure.replay_bench.ReplayBench`); it times
 nothing. ``auto`` never picks it.
 """
 

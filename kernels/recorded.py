@@ -20,7 +20,7 @@ How the file maps onto tiletune's search:
   included (on hardware a failing config costs a measurement too), and the
   optimum is the fastest numeric time.
 
-Two users: the search benchmark's replay device (:mod:`tiletune.tuner.replay` adds the
+Two users: the search benchmark's replay device (:mod:`tiletune.tuner.measure.replay` adds the
 search space to :class:`RecordedSpace`) and the replay kernels the service tunes
 (:mod:`tiletune.kernels.replay_kernels`). Imports only the standard library: it lives in
 ``tiletune.kernels`` because the kernels may never import the tuner.

@@ -30,7 +30,7 @@ What a spec means:
   variants' optima differ and a result told to the wrong job shows. A recorded failure
   (``RuntimeFailedConfig``, ...) fails in every variant;
 - ``default_config``: the config of median recorded time in the recording (variant 1's
-  times, so the same config for every variant; the one :func:`~tiletune.tuner.tune.tune_replay`
+  times, so the same config for every variant; the one :func:`~tiletune.tuner.measure.tune.tune_replay`
   takes): deterministic, valid, measured, and a mediocre stand-in for a hand-written rule, so
   the search's seed hands it no knowledge of the optimum (Kernel Tuner records no default);
 - ``make_inputs``, ``reference``, ``run``: there is nothing to run; each raises

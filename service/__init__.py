@@ -1,6 +1,6 @@
 """tiletune.service: the FastAPI server, its database, the job lifecycle, and the ``tiletune`` command.
 
-May import tiletune.tuner (the search, the finalist policy), tiletune.kernels (specs; it never
+May import tiletune.tuner.search (the search, the finalist policy), tiletune.kernels (specs; it never
 runs a kernel) and tiletune.client (wire schemas, the REST client for the command line).
 Nothing imports it but its own entry points. Modules:
 

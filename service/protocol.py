@@ -8,11 +8,11 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
 - ``ask`` is idempotent per lease: the trials the lease holds and the worker does not say it
   is ``holding`` come back first (a lost answer is asked again), then new valid configs as
   trials (rows ``asked``); when the search is done it hands one lease the final validation
-  (:func:`tiletune.tuner.finalists.finalists`: the top configs, the default and the key's
+  (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default and the key's
   current best), to be measured interleaved;
 - ``tell`` is idempotent per trial: a repeated outcome is counted once;
 - ``complete`` promotes the fastest validated config only when it beats the key's current
-  best in that same run (:func:`tiletune.tuner.finalists.judge`), then ends the job;
+  best in that same run (:func:`tiletune.tuner.search.finalists.judge`), then ends the job;
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
   they are asked again. Only trials under live leases are held: a trial left ``asked`` under
   a lease that is over (a crash between the reaper's commit and the abandon step) is
@@ -71,14 +71,15 @@ from tiletune.service.trials import (
     validation_rows,
 )
 from tiletune.service.views import job_public, worker_public
-from tiletune.tuner.finalists import finalists, judge
-from tiletune.tuner.search import Search
-from tiletune.tuner.warm_start import interleave_seeds
+from tiletune.tuner.search.finalists import finalists, judge
+from tiletune.tuner.search.search import Search
+from tiletune.tuner.search.warm_start import interleave_seeds
 
 #: Nearest tuned shapes whose best configs seed a new job's search.
 WARM_START_NEIGHBOURS = 3
 #: Other chips whose fastest configs of the same key seed a new job's search (after the shapes')
-#: and how many of each chip's (interleaved best first: :func:`~tiletune.tuner.warm_start.interleave_seeds`).
+#: and how many of each chip's (interleaved best first:
+#: :func:`~tiletune.tuner.search.warm_start.interleave_seeds`).
 WARM_START_CHIPS = 2
 WARM_START_PER_CHIP = 4
 
@@ -280,7 +281,7 @@ class WorkerProtocol:
         return self.searches.rebuild(session, job, limits, self.db.clock(), warm_start)
 
     def _finalists(self, session: Session, job: JobRow) -> list[Config]:
-        """The configs of the job's validation run (see :func:`tiletune.tuner.finalists.finalists`)."""
+        """The configs of the job's validation run (see :func:`tiletune.tuner.search.finalists.finalists`)."""
         top = [config for config, _ in self._search(session, job).best(job.validate_top)]
         best = configs.best_row(session, JobKey.of(job))
         return finalists(top, job.default_config, best.config if best is not None else None)

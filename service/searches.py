@@ -1,7 +1,7 @@
 """The searches of running jobs: in memory, rebuilt from the trials table, which is their record.
 
 There is one record of a job's search: its ``search`` trials (rows of
-:class:`~tiletune.service.models.TrialRow`). A :class:`~tiletune.tuner.search.Search` is
+:class:`~tiletune.service.models.TrialRow`). A :class:`~tiletune.tuner.search.search.Search` is
 a cache of it, built on first use (seeded with the default config and the given warm
 start when the job has no trials yet) and rebuilt from the rows whenever it may differ:
 
@@ -39,7 +39,7 @@ from tiletune.kernels import Config, DeviceLimits
 from tiletune.service.database import aware
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
 from tiletune.service.specs import lookup_kernel
-from tiletune.tuner.search import PastTrial, Search, SearchSpace
+from tiletune.tuner.search.search import PastTrial, Search, SearchSpace
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

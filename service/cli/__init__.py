@@ -15,7 +15,7 @@ libraries are imported by the handlers that need them, when they run):
 - ``text``: the text the remote commands print.
 
 May import tiletune.client, tiletune.tuner and tiletune.kernels (lazily, for the last two
-beyond ``tuner.progress``) and the rest of tiletune.service (lazily). ``python -m
+beyond ``tuner.measure.progress``) and the rest of tiletune.service (lazily). ``python -m
 tiletune.service.cli`` runs the command too.
 """
 

@@ -26,8 +26,8 @@ from tiletune.service.cli.options import (
 if TYPE_CHECKING:
     from tiletune.kernels import Config, KernelSpec, Shape
     from tiletune.kernels.device import Device
-    from tiletune.tuner.replay import ReplaySpace
-    from tiletune.tuner.tune import TuneReport
+    from tiletune.tuner.measure.replay import ReplaySpace
+    from tiletune.tuner.measure.tune import TuneReport
 
 R = TypeVar("R")
 
@@ -153,7 +153,7 @@ def _tune_text(report: TuneReport) -> str:
 
 def _replay_space(args: argparse.Namespace) -> ReplaySpace:
     from tiletune.kernels.recorded import ReplayError, replay_spaces
-    from tiletune.tuner.replay import load_replay
+    from tiletune.tuner.measure.replay import load_replay
 
     if args.shape is not None or args.dtype is not None:
         raise BadInputError("shape", "a recorded space has a fixed shape and dtype; omit --shape and --dtype")
@@ -179,8 +179,8 @@ def _quiet_optuna() -> None:
 @kernel_errors_as_bad_input
 def cmd_tune(args: argparse.Namespace) -> None:
     """Tune one kernel for one shape and dtype on this machine (or on a recorded space)."""
-    from tiletune.tuner.progress import ProgressBar
-    from tiletune.tuner.tune import TuneOptions, tune, tune_replay
+    from tiletune.tuner.measure.progress import ProgressBar
+    from tiletune.tuner.measure.tune import TuneOptions, tune, tune_replay
 
     _quiet_optuna()
     if args.trials is not None and args.trials <= 0:
@@ -206,7 +206,7 @@ def cmd_tune(args: argparse.Namespace) -> None:
 @kernel_errors_as_bad_input
 def cmd_bench(args: argparse.Namespace) -> None:
     """Measure the given configs, the default and the vendor op (torch's own) interleaved in one run."""
-    from tiletune.tuner.bench import KernelBench, compare_with_vendor
+    from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
 
     spec, shape, dtype, device = _kernel_inputs(args)
     configs = [parse_config(spec, text, shape) for text in args.config]

@@ -40,7 +40,7 @@ from tiletune.service.cli.options import (
 )
 from tiletune.service.cli.sweepfile import sweep_from_file, sweep_from_flags
 from tiletune.service.cli.text import lookup_text, sweep_text
-from tiletune.tuner.progress import ProgressBar
+from tiletune.tuner.measure.progress import ProgressBar
 
 #: Seconds between polls of a sweep under ``submit --wait``.
 POLL_S = 1.0

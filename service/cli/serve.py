@@ -7,7 +7,7 @@ uvicorn, and stopping on SIGINT/SIGTERM.
 - ``server``: migrate the database, then serve the API with uvicorn (default
   ``127.0.0.1:8642``); prints one line with the URL.
 - ``worker``: lease jobs from a server and measure them on this machine until stopped
-  (:class:`~tiletune.tuner.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
+  (:class:`~tiletune.tuner.measure.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
   gives the job back. ``--backend replay`` measures the recorded spaces of
   ``$TILETUNE_REPLAY_KERNELS`` by lookup (chip ``replay/recorded``; ``--replay-trial-ms``
   simulates each trial's duration).
@@ -259,7 +259,7 @@ def cmd_server(args: argparse.Namespace) -> None:
 def cmd_worker(args: argparse.Namespace) -> None:
     """Lease tuning jobs from a server and measure them on this machine until stopped."""
     from tiletune.kernels.errors import DeviceUnavailableError
-    from tiletune.tuner.worker import Worker, WorkerRejectedError
+    from tiletune.tuner.measure.worker import Worker, WorkerRejectedError
 
     if not 1 <= args.batch <= MAX_ASK:
         raise BadInputError("batch", f"must be an integer from 1 to {MAX_ASK}, got {args.batch}")

@@ -1,7 +1,7 @@
 """``tiletune up``: the embedded all-in-one: SQLite, the server on a thread, one local CPU worker.
 
 Migrates an SQLite database, serves the API on 127.0.0.1 (reads open: loopback) and runs one
-:class:`~tiletune.tuner.worker.Worker` on another thread, with a worker token and an admin
+:class:`~tiletune.tuner.measure.worker.Worker` on another thread, with a worker token and an admin
 token for the person at the terminal made at each start (the previous run's revoked; the
 admin token is printed in the banner). Ctrl-C (or SIGTERM) stops the worker first (it
 finishes its trial and releases its lease), then the server. ``--submit FILE`` submits a
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 
     from tiletune.kernels.device import Device
     from tiletune.service.settings import Settings
-    from tiletune.tuner.worker import Worker
+    from tiletune.tuner.measure.worker import Worker
 
 #: How long ``up`` waits for its server to start, and for its worker and server to stop.
 START_TIMEOUT_S = 60.0
@@ -147,7 +147,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _run(up: _Up) -> int:
     """Run the worker (and follow the submitted sweep) until stopped or done; the exit status."""
-    from tiletune.tuner.worker import Worker
+    from tiletune.tuner.measure.worker import Worker
 
     failures: list[BaseException] = []
     follower: SweepFollower | None = None

@@ -19,8 +19,8 @@ from tests.credentials import ADMIN, ADMIN_TOKEN
 from tiletune.client import ConfigClient, wire
 from tiletune.client.api import ServiceApi
 from tiletune.kernels import client_settings
-from tiletune.tuner.bench import BenchSettings
-from tiletune.tuner.worker import Worker
+from tiletune.tuner.measure.bench import BenchSettings
+from tiletune.tuner.measure.worker import Worker
 
 from .conftest import CHIP, LiveServer
 

@@ -18,7 +18,7 @@ from tiletune.kernels.native_build import native_status
 from tiletune.kernels.native_spec import NATIVE_BACKEND, NativeSpec, all_cores, preferred_backend
 from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, builtin_kernels
 from tiletune.kernels.spec import Shape
-from tiletune.tuner.bench import KernelBench
+from tiletune.tuner.measure.bench import KernelBench
 
 from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
 

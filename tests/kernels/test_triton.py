@@ -25,7 +25,7 @@ from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.registry import BUILTIN_MODULES, TRITON_MODULES, builtin_kernels
 from tiletune.kernels.spec import Config, DeviceLimits, Shape
 from tiletune.kernels.triton_spec import INTERPRET_ENV, TritonSpec, triton_installed
-from tiletune.tuner.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 
 KERNELS = builtin_kernels()
 
@@ -510,7 +510,7 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
         """
         from tiletune.kernels.device import get_device
         from tiletune.kernels.registry import TRITON_MODULES, builtin_kernels
-        from tiletune.tuner.bench import KernelBench
+        from tiletune.tuner.measure.bench import KernelBench
 
         device = get_device("cuda")
         shapes = {

@@ -155,7 +155,7 @@ def start_server(
 @contextmanager
 def serving_this_chip(folder: Path) -> Iterator[ServerProcess]:
     """A ``tiletune server`` in ``folder`` with this machine's CPU chip registered, stopped after."""
-    from tiletune.tuner.worker import Worker
+    from tiletune.tuner.measure.worker import Worker
 
     process = start_server(folder)
     try:

@@ -29,7 +29,7 @@ from tiletune.kernels.replay_kernels import (
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
-from tiletune.tuner.worker import Worker
+from tiletune.tuner.measure.worker import Worker
 
 from .processes import run_cli, spawn, start_server, stop
 

@@ -15,8 +15,8 @@ from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
-from tiletune.tuner.bench import BenchSettings
-from tiletune.tuner.worker import Worker
+from tiletune.tuner.measure.bench import BenchSettings
+from tiletune.tuner.measure.worker import Worker
 
 QUICK = BenchSettings(warmup_runs=1, min_samples=3, budget_s=0.02, max_samples=10)
 

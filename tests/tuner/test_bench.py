@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tiletune.kernels.device import CpuDevice, Device
-from tiletune.tuner.bench import (
+from tiletune.tuner.measure.bench import (
     BenchSettings,
     Measurement,
     measure,
@@ -161,7 +161,7 @@ def test_settle_runs_before_every_interleaved_sample() -> None:
 
 def test_compare_with_vendor_adds_the_default_and_a_vendor_row_interleaved() -> None:
     from tiletune.kernels.registry import get_kernel
-    from tiletune.tuner.bench import KernelBench, compare_with_vendor
+    from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
 
     spec = get_kernel("fused_attention")
     shape = {"batch": 1, "heads": 2, "seq_q": 40, "seq_kv": 40, "head_dim": 16, "causal": 1}

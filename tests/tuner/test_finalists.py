@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tiletune.tuner.finalists import finalists, judge
+from tiletune.tuner.search.finalists import finalists, judge
 
 A = {"tile": 1}
 B = {"tile": 2}

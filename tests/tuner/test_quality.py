@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tiletune.tuner.quality import (
+from tiletune.tuner.search.quality import (
     budget_needed,
     budget_trials,
     choose_leave_one_device_out,

@@ -18,8 +18,8 @@ from tiletune.kernels.recorded import (
     default_replay_dir,
     replay_spaces,
 )
-from tiletune.tuner.replay import load_replay
-from tiletune.tuner.search import Search
+from tiletune.tuner.measure.replay import load_replay
+from tiletune.tuner.search.search import Search
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

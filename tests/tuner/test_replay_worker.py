@@ -31,9 +31,9 @@ from tiletune.kernels.replay_kernels import (
     variant_sweep,
 )
 from tiletune.service.cli.main import main
-from tiletune.tuner.replay_bench import ReplayBench
-from tiletune.tuner.result import outcome_of, validated_results
-from tiletune.tuner.worker import Worker, WorkerRejectedError
+from tiletune.tuner.measure.replay_bench import ReplayBench
+from tiletune.tuner.measure.result import outcome_of, validated_results
+from tiletune.tuner.measure.worker import Worker, WorkerRejectedError
 
 BUNDLED = Path(__file__).parents[1] / "data" / "replay"
 PNPOLY = "replay_pnpoly_RTX_3090"

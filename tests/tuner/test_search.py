@@ -9,7 +9,7 @@ from collections.abc import Callable
 import optuna
 import pytest
 
-from tiletune.tuner.search import (
+from tiletune.tuner.search.search import (
     STRATEGIES,
     Candidate,
     Config,

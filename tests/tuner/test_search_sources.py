@@ -8,12 +8,12 @@ import math
 import optuna
 import pytest
 
-from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.neighbourhood import LocalSearch
-from tiletune.tuner.record import Record
-from tiletune.tuner.search import Config, Search, SearchSpace, TpeOptions
-from tiletune.tuner.surrogate import CLIP_MIN_MEASUREMENTS, PairModel
-from tiletune.tuner.warm_start import interleave_seeds
+from tiletune.tuner.search.encoding import Encoding, Key
+from tiletune.tuner.search.neighbourhood import LocalSearch
+from tiletune.tuner.search.record import Record
+from tiletune.tuner.search.search import Config, Search, SearchSpace, TpeOptions
+from tiletune.tuner.search.surrogate import CLIP_MIN_MEASUREMENTS, PairModel
+from tiletune.tuner.search.warm_start import interleave_seeds
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

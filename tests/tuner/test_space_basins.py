@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from benchmarks.space_basins import climb_ends, one_knob, two_knobs
-from tiletune.tuner.encoding import Encoding, Key
+from tiletune.tuner.search.encoding import Encoding, Key
 
 
 def test_a_basin_two_knobs_away_is_a_local_optimum_of_one_knob_moves_only() -> None:

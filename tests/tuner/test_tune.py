@@ -18,8 +18,8 @@ from tiletune.kernels.spec import (
     element_size,
     torch_dtype,
 )
-from tiletune.tuner.bench import BenchSettings
-from tiletune.tuner.tune import TuneOptions, tune
+from tiletune.tuner.measure.bench import BenchSettings
+from tiletune.tuner.measure.tune import TuneOptions, tune
 
 FAST = BenchSettings(budget_s=0.02, max_samples=20)
 

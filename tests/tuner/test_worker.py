@@ -25,9 +25,9 @@ from tiletune.kernels.device import CpuDevice
 from tiletune.kernels.recorded import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
 from tiletune.service.cli import main
 from tiletune.service.cli.local import REPLAY_DIR_ENV
-from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
-from tiletune.tuner.result import outcome_of, validated_results
-from tiletune.tuner.worker import STOP_REASON, Worker, WorkerRejectedError
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.result import outcome_of, validated_results
+from tiletune.tuner.measure.worker import STOP_REASON, Worker, WorkerRejectedError
 
 #: Nothing listens on the discard port: connections are refused at once.
 UNREACHABLE = "http://127.0.0.1:9"
@@ -144,7 +144,7 @@ def test_unreachable_server_is_retried_with_growing_capped_delays_until_stopped(
 ) -> None:
     sleep = StopAfter(limit=9)
     worker = worker_with(None, sleep, backoff=Backoff(jitter=0.0))
-    with caplog.at_level(logging.WARNING, logger="tiletune.tuner.worker"):
+    with caplog.at_level(logging.WARNING, logger="tiletune.tuner.measure.worker"):
         assert worker.run() == 0  # no exception escapes; no job was worked
     assert sleep.delays == [0.5, 1, 2, 4, 8, 16, 30, 30, 30]
     assert worker.stopping
@@ -283,7 +283,7 @@ def _modules_after(code: str) -> list[str]:
 @pytest.mark.parametrize(
     "code",
     [
-        "import tiletune.tuner.worker",
+        "import tiletune.tuner.measure.worker",
         # the whole `tiletune worker` command, up to its input check
         "from tiletune.service.cli import main\nassert main(['worker']) == 2",
     ],
@@ -298,4 +298,19 @@ def test_the_worker_imports_no_optuna_database_or_server(code: str) -> None:
         and m not in COMMAND_LINE
         and not m.startswith(COMMAND_LINE[1] + ".")
     ]
+    assert heavy == []
+
+
+#: What the search half may never load: it runs in the server, which plans without the kernels.
+SEARCH_FORBIDDEN = ("torch", "tiletune.kernels", "tiletune.tuner.measure", "tiletune.service")
+
+
+def test_the_search_half_imports_no_torch_kernels_or_measurement() -> None:
+    loaded = _modules_after(
+        "import importlib, pkgutil\nimport tiletune.tuner.search as half\n"
+        "for m in pkgutil.iter_modules(half.__path__):\n"
+        "    importlib.import_module(f'{half.__name__}.{m.name}')"
+    )
+    assert {"tiletune.tuner.search.search", "tiletune.tuner.search.finalists", "optuna"} <= set(loaded)
+    heavy = [m for m in loaded if any(m == f or m.startswith(f + ".") for f in SEARCH_FORBIDDEN)]
     assert heavy == []

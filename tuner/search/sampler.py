@@ -7,7 +7,7 @@ samples was usable (the caller then picks a config itself). It never raises
 for an unusable sample and never changes Optuna's storage. :func:`make_sampler`
 builds the sampler of a strategy.
 
-Imports numpy, optuna, :mod:`tiletune.tuner.encoding` and :mod:`tiletune.tuner.strategy` only.
+Imports numpy, optuna, :mod:`tiletune.tuner.search.encoding` and :mod:`tiletune.tuner.search.strategy` only.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import optuna
 from optuna.samplers import BaseSampler, RandomSampler, TPESampler
 
-from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.strategy import TpeOptions
+from tiletune.tuner.search.encoding import Encoding, Key
+from tiletune.tuner.search.strategy import TpeOptions
 
 
 class MaskedTPESampler(TPESampler):

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from tiletune.client.wire import Config, MeasurementWire, TrialOutcome, ValidatedConfig
 from tiletune.kernels.errors import InputError
-from tiletune.tuner.bench import KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import KernelBench, Measurement, TrialResult
 
 
 def wire_measurement(measurement: Measurement) -> MeasurementWire:

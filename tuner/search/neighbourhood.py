@@ -11,7 +11,7 @@ come after the ``top`` best.
 A base key found with no usable neighbour is never looked at again (keys only
 ever become unusable).
 
-Two options (:class:`~tiletune.tuner.strategy.TpeOptions`, ``local_optima`` and
+Two options (:class:`~tiletune.tuner.search.strategy.TpeOptions`, ``local_optima`` and
 ``local_pairs``) change which keys are looked at:
 
 - ``optima``: the bases are the best measured keys that no measured one-knob
@@ -22,15 +22,15 @@ Two options (:class:`~tiletune.tuner.strategy.TpeOptions`, ``local_optima`` and
   optimum of one-knob moves), the model's turns also look at its two-knob neighbours: a
   better config two knobs away is found without a slower config in between.
 
-Imports :mod:`tiletune.tuner.encoding` and :mod:`tiletune.tuner.surrogate` only.
+Imports :mod:`tiletune.tuner.search.encoding` and :mod:`tiletune.tuner.search.surrogate` only.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.surrogate import PairModel
+from tiletune.tuner.search.encoding import Encoding, Key
+from tiletune.tuner.search.surrogate import PairModel
 
 
 class LocalSearch:

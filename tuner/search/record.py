@@ -10,7 +10,7 @@ measurements in a row did not improve the best by more than
 ``min_improvement`` (relative). Adding a key twice is the caller's error; the
 record does not check it.
 
-Imports the standard library and :mod:`tiletune.tuner.encoding` only.
+Imports the standard library and :mod:`tiletune.tuner.search.encoding` only.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import bisect
 import math
 from dataclasses import dataclass
 
-from tiletune.tuner.encoding import Key
+from tiletune.tuner.search.encoding import Key
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ most ``ENUMERATE_LIMIT`` (``keys``; ``None`` above it), and a random valid key
 that a predicate accepts, drawn with the caller's ``random.Random`` (``None``
 when there is none, or, above the limit, when ``MAX_BLIND_DRAWS`` draws found none).
 
-Imports the standard library and :mod:`tiletune.tuner.encoding` only.
+Imports the standard library and :mod:`tiletune.tuner.search.encoding` only.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from tiletune.tuner.encoding import Config, Encoding, Key
+from tiletune.tuner.search.encoding import Config, Encoding, Key
 
 #: Spaces whose knob product is at most this are enumerated once (valid set, model, exhaustion).
 ENUMERATE_LIMIT = 100_000

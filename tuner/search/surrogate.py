@@ -7,7 +7,7 @@ or outstanding (never proposed again), ``propose`` returns an available key
 and ``most_promising`` ranks given keys by the posterior mean. It never
 measures, never touches Optuna, and is deterministic for a given ``seed``.
 
-Imports numpy, threadpoolctl, :mod:`tiletune.tuner.encoding`, :mod:`tiletune.tuner.strategy`
+Imports numpy, threadpoolctl, :mod:`tiletune.tuner.search.encoding`, :mod:`tiletune.tuner.search.strategy`
 (its options) and the standard library only.
 """
 
@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from threadpoolctl import ThreadpoolController
 
-from tiletune.tuner.encoding import Encoding, Key
-from tiletune.tuner.strategy import TpeOptions
+from tiletune.tuner.search.encoding import Encoding, Key
+from tiletune.tuner.search.strategy import TpeOptions
 
 #: Successful measurements before the model clips its targets (``clip_quantile``).
 CLIP_MIN_MEASUREMENTS = 32
@@ -61,7 +61,7 @@ class PairModel:
         seed: int | None,
         clip_quantile: float = 1.0,
     ) -> None:
-        """Settings as in :class:`~tiletune.tuner.strategy.TpeOptions` (``model_*``)."""
+        """Settings as in :class:`~tiletune.tuner.search.strategy.TpeOptions` (``model_*``)."""
         keys_array = np.asarray(keys, dtype=np.int32).reshape(len(keys), len(enc.sizes))
         columns, width, main_width = self._columns(enc, keys_array, pair_bins)
         self._features = np.stack(columns, axis=1) if columns else np.zeros((len(keys), 0), np.int32)

@@ -8,7 +8,7 @@ what the search needs: :class:`ReplaySpace`, a recorded space with its
 (``replay_spaces``, ``ReplayError``, ...) are imported from :mod:`tiletune.kernels.recorded`.
 (The service tunes recorded spaces as kernels instead: :mod:`tiletune.kernels.replay_kernels`.)
 
-Imports ``tiletune.tuner.search`` and ``tiletune.kernels.recorded`` (standard library only,
+Imports ``tiletune.tuner.search.search`` and ``tiletune.kernels.recorded`` (standard library only,
 though importing the kernels package loads torch).
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tiletune.kernels.recorded import RecordedSpace, load_recorded
-from tiletune.tuner.search import Config, SearchSpace
+from tiletune.tuner.search.search import Config, SearchSpace
 
 __all__ = ["ReplaySpace", "load_replay"]
 
@@ -29,7 +29,7 @@ class ReplaySpace(RecordedSpace):
     """A recorded space (:class:`~tiletune.kernels.recorded.RecordedSpace`) a search can run over."""
 
     def search_space(self, seeds: Sequence[Config] = ()) -> SearchSpace:
-        """The space for :class:`~tiletune.tuner.search.Search`.
+        """The space for :class:`~tiletune.tuner.search.search.Search`.
 
         Seeded with nothing by default: Kernel Tuner records no default config,
         and any seed chosen from the recording would hand the search knowledge a

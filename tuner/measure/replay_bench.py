@@ -1,8 +1,8 @@
-"""The replay bench: a :class:`~tiletune.tuner.bench.KernelBench` whose measurement is a lookup.
+"""The replay bench: a :class:`~tiletune.tuner.measure.bench.KernelBench` whose measurement is a lookup.
 
 For a replay kernel (:class:`~tiletune.kernels.replay_kernels.ReplayKernelSpec`) on a replay
 device (:class:`~tiletune.kernels.device.ReplayDevice`), so the worker drives it exactly like
-a real bench (``evaluate``, ``check``, ``compare``, :func:`~tiletune.tuner.result.validated_results`):
+a real bench (``evaluate``, ``check``, ``compare``, :func:`~tiletune.tuner.measure.result.validated_results`):
 
 - ``evaluate(config)``: outside the recorded region -> ``invalid`` (never "run"); a recorded
   failure -> ``error`` with its name (``RuntimeFailedConfig``); otherwise a measurement of one
@@ -25,7 +25,7 @@ from tiletune.kernels.device import ReplayDevice
 from tiletune.kernels.recorded import RecordedFailureError
 from tiletune.kernels.replay_kernels import REPLAY_KIND, NotRunnableError, ReplayKernelSpec
 from tiletune.kernels.spec import Config
-from tiletune.tuner.bench import KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import KernelBench, Measurement, TrialResult
 
 
 class ReplayBench(KernelBench):

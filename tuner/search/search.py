@@ -25,7 +25,7 @@ Contract of :class:`Search`:
   measurements without improving the best by more than ``min_improvement``
   (relative), and exhaustion of the valid space. ``stop_reason`` says which.
 
-Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.strategy`.
+Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.search.strategy`.
 
 Trial ids are the search's own, counted from 0 over the candidates it hands out (the
 Optuna study behind it also holds the proposals it answered at once). A search lives in
@@ -38,7 +38,7 @@ kept elsewhere (the server's trials table) and a search rebuilt from it at any t
 
 Re-exports the names other code imports from here (``Config``, ``STRATEGIES``,
 ``TpeOptions``, ``SearchCounts``, ``ENUMERATE_LIMIT``). Imports optuna, the
-search's own ``tiletune.tuner`` modules and the standard library only (never
+search's own ``tiletune.tuner.search`` modules and the standard library only (never
 torch or tiletune.kernels): the server runs it without kernels.
 """
 
@@ -54,21 +54,21 @@ from typing import Literal
 import optuna
 from optuna.trial import Trial
 
-from tiletune.tuner.budget import Budget
-from tiletune.tuner.encoding import Config, Encoding, Key
-from tiletune.tuner.neighbourhood import LocalSearch
-from tiletune.tuner.outcome import (
+from tiletune.tuner.search.budget import Budget
+from tiletune.tuner.search.encoding import Config, Encoding, Key
+from tiletune.tuner.search.neighbourhood import LocalSearch
+from tiletune.tuner.search.outcome import (
     finished_trial,
     tell_abandoned,
     tell_duplicate,
     tell_infeasible,
     tell_measured,
 )
-from tiletune.tuner.record import Record, SearchCounts
-from tiletune.tuner.sampler import MaskedTPESampler, make_sampler
-from tiletune.tuner.space import ENUMERATE_LIMIT, SearchSpace, ValidSet
-from tiletune.tuner.strategy import STRATEGIES, Schedule, TpeOptions
-from tiletune.tuner.surrogate import PairModel
+from tiletune.tuner.search.record import Record, SearchCounts
+from tiletune.tuner.search.sampler import MaskedTPESampler, make_sampler
+from tiletune.tuner.search.space import ENUMERATE_LIMIT, SearchSpace, ValidSet
+from tiletune.tuner.search.strategy import STRATEGIES, Schedule, TpeOptions
+from tiletune.tuner.search.surrogate import PairModel
 
 __all__ = [
     "ENUMERATE_LIMIT",

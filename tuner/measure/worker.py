@@ -44,7 +44,7 @@ Guarantees:
   it is a configuration error, and retrying would not help.
 
 Speaks HTTP only through :class:`~tiletune.client.api.ServiceApi`; the lease's heartbeats
-are :mod:`tiletune.tuner.heartbeat`'s, the outcomes' wire form :mod:`tiletune.tuner.result`'s.
+are :mod:`tiletune.tuner.measure.heartbeat`'s, the outcomes' wire form :mod:`tiletune.tuner.measure.result`'s.
 Imports httpx, pydantic (the wire schemas), tiletune.kernels and the bench harness; never
 Optuna, SQLAlchemy, FastAPI or tiletune.service, so a worker node needs none of them.
 """
@@ -91,10 +91,10 @@ from tiletune.kernels.native_spec import cores_of
 from tiletune.kernels.registry import get_kernel, kernels_for, runs_on
 from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, REPLAY_KIND
 from tiletune.kernels.spec import DeviceLimits, torch_dtype
-from tiletune.tuner.bench import BenchSettings, KernelBench
-from tiletune.tuner.heartbeat import Heartbeat
-from tiletune.tuner.replay_bench import ReplayBench
-from tiletune.tuner.result import outcome_of, validated_results
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.heartbeat import Heartbeat
+from tiletune.tuner.measure.replay_bench import ReplayBench
+from tiletune.tuner.measure.result import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
 

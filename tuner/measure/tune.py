@@ -1,13 +1,13 @@
 """Local tuning: search a kernel's space on this machine and validate the winner.
 
-``tune`` drives a :class:`~tiletune.tuner.search.Search` (Optuna ask-and-tell)
-with a :class:`~tiletune.tuner.bench.KernelBench`: the default config is the
+``tune`` drives a :class:`~tiletune.tuner.search.search.Search` (Optuna ask-and-tell)
+with a :class:`~tiletune.tuner.measure.bench.KernelBench`: the default config is the
 first trial, invalid configs are never run, every measured config is checked
 against the reference first. When the search stops (trial budget, time budget
 or convergence), the top few configs and the default are re-measured
 interleaved in one run, and the fastest of those is the answer, so the best
 config is never slower than the default within that run's spread (the policy is
-:mod:`tiletune.tuner.finalists`', the server's too).
+:mod:`tiletune.tuner.search.finalists`', the server's too).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from typing import Any
 from tiletune.client.chip import software_fingerprint
 from tiletune.kernels.device import Device
 from tiletune.kernels.spec import Config, KernelSpec, Shape
-from tiletune.tuner.bench import BenchSettings, KernelBench, Measurement, TrialResult
-from tiletune.tuner.finalists import finalists, judge
-from tiletune.tuner.replay import ReplaySpace
-from tiletune.tuner.search import Search, SearchSpace, TpeOptions
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.replay import ReplaySpace
+from tiletune.tuner.search.finalists import finalists, judge
+from tiletune.tuner.search.search import Search, SearchSpace, TpeOptions
 
 #: Called after each trial with (unique valid measurements so far, best time so far in ms).
 Progress = Callable[[int, float | None], None]

@@ -6,14 +6,14 @@ proposals rejected (what we compare against); ``tpe`` (default) is ours, see
 :class:`TpeOptions`: after the seeds and a few random configs it interleaves
 three sources of proposals, all recorded as trials of one study:
 
-- a *model* (:mod:`tiletune.tuner.surrogate`): a Bayesian linear model of log
+- a *model* (:mod:`tiletune.tuner.search.surrogate`): a Bayesian linear model of log
   time over knob values and pairs of values, fit on every measurement;
   Thompson sampling from it picks the best unmeasured valid config of the
   whole space (finds the good regions, not only the basin of the best config so far);
 - *local search*: the most promising (by the model) unmeasured valid neighbour
   (one knob changed) of the best local optima so far (finishes a region off);
 - Optuna's multivariate TPE (constant liar; its acquisition is masked so that
-  it proposes new valid configs only, :mod:`tiletune.tuner.sampler`).
+  it proposes new valid configs only, :mod:`tiletune.tuner.search.sampler`).
 
 Contract: :class:`TpeOptions` validates itself on construction (``ValueError``
 naming the options); :class:`Schedule` is deterministic: each turn lists every
@@ -75,7 +75,7 @@ class TpeOptions:
     - ``local_optima``: local search climbs from the best *local optima* of what was
       measured (configs no measured one-knob neighbour beats), not from the best configs
       overall: a flat basin of near-equal configs is one base, not ``local_top`` of them,
-      so the turns go to other basins too (:mod:`tiletune.tuner.neighbourhood`);
+      so the turns go to other basins too (:mod:`tiletune.tuner.search.neighbourhood`);
     - ``local_pairs``: once the best config is a local optimum of one-knob moves (its
       neighbours are all measured), the model's local turns also rank its two-knob
       neighbours, so a better config two knobs away is reached without a slower one between

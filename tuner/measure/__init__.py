@@ -1,0 +1,23 @@
+"""tiletune.tuner.measure: the measurement half of the tuner; runs where kernels run.
+
+That is the worker nodes (``tiletune serve``) and the machine of a local ``tiletune tune``.
+
+Modules:
+
+- ``bench``: honest measurement: check against the reference, warm-up, repeated timing,
+  interleaved comparison;
+- ``worker``: the worker process that leases jobs from a server and measures them;
+- ``heartbeat``: the thread that keeps a worker's lease alive;
+- ``result``: bench results in the wire's terms (trial outcomes, validation results);
+- ``replay_bench``: the bench of a replay worker (``--backend replay``): measurement by lookup;
+- ``tune``: local tuning (``tiletune tune``): a search from :mod:`tiletune.tuner.search` driven
+  on this machine;
+- ``replay``: recorded tuning spaces as a device for the search benchmark (no hardware, no noise);
+- ``progress``: a progress bar on terminals (silent without tqdm).
+
+May import torch (through tiletune.kernels), tiletune.client and tiletune.tuner.search (only
+``tune`` and ``replay``, which run a search locally); never tiletune.service. ``worker``,
+``heartbeat``, ``result``, ``replay_bench`` and ``bench`` import no Optuna, so a worker node
+needs none (a test checks it); ``progress`` imports nothing of the project (the command line
+uses it on the base install).
+"""
