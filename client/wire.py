@@ -350,8 +350,8 @@ class JobPublic(_Response):
     updated_at: datetime
 
 
-class SweepPublic(_Response):
-    """A sweep with its jobs and their states."""
+class _SweepHead(_Response):
+    """What every answer about a sweep says of it: identity, state and its jobs counted by state."""
 
     id: int
     name: str | None
@@ -359,6 +359,11 @@ class SweepPublic(_Response):
     state: str
     created_at: datetime
     counts: dict[str, int]
+
+
+class SweepPublic(_SweepHead):
+    """A sweep with its jobs and their states."""
+
     jobs: list[JobPublic]
 
 
@@ -367,7 +372,7 @@ SWEEPS_PAGE_DEFAULT = 50
 SWEEPS_PAGE_MAX = 1000
 
 
-class SweepSummaryPublic(_Response):
+class SweepSummaryPublic(_SweepHead):
     """A sweep as ``GET /v1/sweeps`` lists it: its jobs counted, by state (``counts``) and in
     all (``job_count``), never embedded, so a page stays small however big its sweeps are.
 
@@ -375,12 +380,6 @@ class SweepSummaryPublic(_Response):
     list as :class:`SweepPublic`, still parse it. ``GET /v1/sweeps/{id}`` lists a sweep's jobs.
     """
 
-    id: int
-    name: str | None
-    kernels: list[str]
-    state: str
-    created_at: datetime
-    counts: dict[str, int]
     job_count: int
     jobs: list[JobPublic] = Field(default_factory=list, max_length=0)
 

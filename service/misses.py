@@ -74,7 +74,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -83,7 +83,7 @@ from typing import TypeVar
 
 from fastapi.concurrency import run_in_threadpool
 from pydantic import ValidationError
-from sqlalchemy import BigInteger, Select, and_, case, cast, func, or_, select
+from sqlalchemy import BigInteger, ColumnElement, Select, and_, case, cast, func, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -230,8 +230,7 @@ class Misses:
     ) -> list[MissPublic]:
         """The keys of the kernels' current versions, highest count first; see the module docstring."""
         specs = [lookup_kernel(kernel)] if kernel is not None else list(all_kernels().values())
-        current = or_(*(and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version) for s in specs))
-        query = select(MissRow).where(current)
+        query = select(MissRow).where(_current_versions(specs))
         if chip is not None:
             query = query.where(MissRow.chip_name == chip)
         query = query.order_by(MissRow.count.desc(), MissRow.last_seen_at.desc(), MissRow.id).limit(limit)
@@ -391,30 +390,16 @@ class Misses:
 
     def _eligible(self, chip_id: int) -> Select[MissRow]:
         """``chip_id``'s keys that demand may queue (see the module docstring), highest count first."""
-        current = or_(
-            *(
-                and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version)
-                for s in all_kernels().values()
-            )
-        )
+        current = _current_versions(all_kernels().values())
         tuned = (
             select(BestConfigRow.id)
-            .where(
-                BestConfigRow.kernel == MissRow.kernel,
-                BestConfigRow.kernel_version == MissRow.kernel_version,
-                BestConfigRow.shape_key == MissRow.shape_key,
-                BestConfigRow.dtype == MissRow.dtype,
-                BestConfigRow.chip_id == MissRow.chip_id,
-            )
+            .where(*_same_key(BestConfigRow), BestConfigRow.chip_id == MissRow.chip_id)
             .exists()
         )
         live = (
             select(JobRow.id)
             .where(
-                JobRow.kernel == MissRow.kernel,
-                JobRow.kernel_version == MissRow.kernel_version,
-                JobRow.shape_key == MissRow.shape_key,
-                JobRow.dtype == MissRow.dtype,
+                *_same_key(JobRow),
                 JobRow.state.in_(LIVE_JOB_STATES),
                 or_(JobRow.chip_id == MissRow.chip_id, JobRow.chip_target == MissRow.chip_name),
             )
@@ -583,6 +568,21 @@ def _selected_request(planned: list[jobs.PlannedJob], trials: int) -> SweepCreat
 
 def _key_of(row: MissRow) -> MissKey:
     return (row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_name)
+
+
+def _current_versions(specs: Iterable[KernelSpec]) -> ColumnElement[bool]:
+    """Misses of ``specs`` at their registered versions."""
+    return or_(*(and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version) for s in specs))
+
+
+def _same_key(table: type[BestConfigRow] | type[JobRow]) -> tuple[ColumnElement[bool], ...]:
+    """``table``'s kernel, version, shape and dtype equal to the miss row's (a correlated subquery's)."""
+    return (
+        table.kernel == MissRow.kernel,
+        table.kernel_version == MissRow.kernel_version,
+        table.shape_key == MissRow.shape_key,
+        table.dtype == MissRow.dtype,
+    )
 
 
 def _public(row: MissRow) -> MissPublic:
