@@ -2,6 +2,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# The server's own venv: `pip install ".[server]"`, no torch (the tests run a server from it).
+SERVER_VENV ?= .venv-server
 TORCH_PIN := torch==2.13.0
 
 .PHONY: setup relink run test lint typecheck unit docs bench-replay bench-quality clean
@@ -16,7 +18,11 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PIN) -e ".[dev]" --config-settings editable_mode=strict
 	# The native CPU kernels: compiled once (ninja from PyPI, the machine's g++) into a cache keyed by
 	# sources, torch and CPU; a no-op when built. Importing tiletune.kernels never compiles.
-	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tiletune.kernels.native_build
+	PATH="$(abspath $(BIN)):$$PATH" $(BIN)/python -m tiletune.kernels.native.build
+	# The server's install, as a deployment makes it: the [server] extra, which holds no torch.
+	test -x $(SERVER_VENV)/bin/python || $(PYTHON) -m venv $(SERVER_VENV)
+	$(SERVER_VENV)/bin/pip install --quiet -e ".[server]"
+	! $(SERVER_VENV)/bin/python -c "import torch" 2>/dev/null
 	# wrk, the load generator of benchmarks/http_load.py (Debian's package): installed when missing, as root.
 	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y -q wrk || { apt-get update -q && apt-get install -y -q wrk; }; }; } || \
@@ -59,4 +65,4 @@ bench-quality: setup
 	$(BIN)/python benchmarks/tuning_quality.py --quick
 
 clean:
-	rm -rf $(VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache site
+	rm -rf $(VENV) $(SERVER_VENV) build *.egg-info .mypy_cache .pytest_cache .ruff_cache site

@@ -443,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         fill_s = time.perf_counter() - started
         results = asyncio.run(time_pages(url, pages(about), args.repeats, args.warmup))
     document = {
+        "benchmark": "dashboard",
         "store": {"url": url.split("://")[0], "fill_s": round(fill_s, 1), "rows": about["counts"]},
         "goal_ms": GOAL_MS,
         "repeats": args.repeats,

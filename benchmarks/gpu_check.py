@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F  # noqa: N812
 
 from tiletune.kernels import get_kernel
+from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import get_device
-from tiletune.kernels.spec import Shape
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_interleaved
 from tiletune.tuner.measure.tune import TuneOptions, tune
 

@@ -38,12 +38,8 @@ import httpx
 
 from benchmarks.http_lookup import free_port
 from tiletune.kernels.device import REPLAY_CHIP, ReplayDevice
-from tiletune.kernels.replay_kernels import (
-    REPLAY_KERNELS_ENV,
-    ReplayKernelSpec,
-    replay_kernels,
-    variant_sweep,
-)
+from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, variant_sweep
+from tiletune.kernels.replay.spec import ReplayKernelSpec, replay_kernels
 from tiletune.tuner.measure.replay_bench import ReplayBench
 from tiletune.tuner.measure.result import outcome_of, validated_results
 
@@ -191,7 +187,10 @@ def main() -> None:
     parser.add_argument("--no-service", action="store_true", help="the in-process lookup figure only")
     args = parser.parse_args()
     spec = replay_kernels(args.replay_dir)[args.kernel]
-    report: dict[str, Any] = {"lookup": lookup_cost(spec, args.configs, args.repeats)}
+    report: dict[str, Any] = {
+        "benchmark": "replay_worker_cost",
+        "lookup": lookup_cost(spec, args.configs, args.repeats),
+    }
     if not args.no_service:
         report["service"] = service_cost(
             spec, args.replay_dir, args.jobs, args.trials, args.batch, args.workers

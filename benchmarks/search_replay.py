@@ -58,7 +58,7 @@ from typing import Any
 
 import optuna
 
-from tiletune.kernels.recorded import replay_spaces
+from tiletune.kernels.replay.recorded import replay_spaces
 from tiletune.tuner.measure.replay import ReplaySpace, load_replay
 from tiletune.tuner.search.quality import (
     budget_needed,

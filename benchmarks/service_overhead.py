@@ -31,7 +31,7 @@ from benchmarks.http_lookup import AUTH, free_port, start_server
 from tiletune.client.wire import DEFAULT_BATCH
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import get_device
-from tiletune.kernels.native_spec import preferred_backend
+from tiletune.kernels.native.spec import preferred_backend
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.tune import TuneOptions, tune
 from tiletune.tuner.measure.worker import Worker
@@ -109,6 +109,9 @@ def main() -> None:
         "service_wall_s": spread(service),
         "service_over_local": spread(ratios),
         "overhead_per_trial_ms": spread(overhead),
+        "pairs": [
+            {"local_s": loc, "service_s": s} for loc, s in zip(local, service, strict=True)
+        ],  # in the order run
     }
     json.dump(report, sys.stdout, indent=2)
     print()

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tiletune.kernels.recorded import replay_spaces
+from tiletune.kernels.replay.recorded import replay_spaces
 from tiletune.tuner.measure.replay import ReplaySpace, load_replay
 from tiletune.tuner.search.encoding import Encoding, Key
 

@@ -31,9 +31,9 @@ from typing import Any
 import optuna
 import torch
 
+from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
-from tiletune.kernels.spec import Shape
 from tiletune.kernels.vendor import vendor_op
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_interleaved
 from tiletune.tuner.measure.tune import TracePoint, TuneOptions, tune
@@ -130,7 +130,7 @@ def measure_key(
 
     ``family`` ``native`` tunes the native CPU kernel (``native_<kernel>``, with ``block_dim``);
     ``portable`` the portable kernel's CPU implementation (native where built, see
-    :func:`~tiletune.kernels.native_spec.preferred_backend`).
+    :func:`~tiletune.kernels.native.spec.preferred_backend`).
     """
     spec = get_kernel(f"native_{kernel}" if family == "native" else kernel)
     device = get_device("cpu")

@@ -5,8 +5,11 @@ kernel, shape and dtype on this chip" from memory, the server, an on-disk cache 
 kernel's default, and never raise on the launch path. Modules:
 
 - ``sync``, ``aio``: ``ConfigClient`` and ``AsyncConfigClient``;
-- ``core``: what the two share: answers, caches, fallbacks, back-off, miss counting;
+- ``core``: what the two share: caches, fallbacks, back-off, miss counting;
+- ``tiling``: the answer a launch gets (``Tiling``), from a tuned entry or the default;
 - ``api``: the one REST client of ``/v1`` (``ServiceApi`` / ``AsyncServiceApi``, retries);
+- ``deadline``, ``answer_body``, ``transport``: a call's bounds: its deadline in all, its answer
+  read within its cap, the sync twin's transport that cuts each socket operation to the deadline;
 - ``calls``: every ``/v1`` call as data, and the one set of errors a call raises;
 - ``wire``: the request and response schemas and the vocabularies (states, strategies, dtypes);
 - ``known``: the best configs known for a chip and the choice among them;
@@ -21,7 +24,8 @@ their default rule and versions over as callables (``tiletune.kernels.client_set
 """
 
 from tiletune.client.aio import AsyncConfigClient
-from tiletune.client.core import ClientSettings, Tiling
+from tiletune.client.core import ClientSettings
 from tiletune.client.sync import ConfigClient
+from tiletune.client.tiling import Tiling
 
 __all__ = ["AsyncConfigClient", "ClientSettings", "ConfigClient", "Tiling"]

@@ -20,10 +20,11 @@ import httpx
 from tiletune.client.answers import stats_call
 from tiletune.client.api import AsyncServiceApi
 from tiletune.client.calls import ApiError
-from tiletune.client.core import ClientCore, ClientSettings, MemoKey, Tiling
+from tiletune.client.core import ClientCore, ClientSettings, MemoKey
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.keys import key_problem, kind_of
 from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
+from tiletune.client.tiling import Tiling
 from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")

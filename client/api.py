@@ -14,10 +14,11 @@ sending, waiting for the answer and reading its last byte — not per read: ``Ca
 else ``deadline_s`` (:data:`DEFAULT_DEADLINE_S`); and its answer's body is read, decoded, up
 to ``Call.max_bytes``, else ``max_bytes`` (:data:`~tiletune.client.calls.MAX_ANSWER_BYTES`),
 counted as it arrives: a gzip body is inflated step by step and the call gives up past the
-cap, having held at most the cap and one step (:class:`CappedBody`). Past the deadline a call
-raises :class:`ServerUnreachableError`, past the cap :class:`UnexpectedAnswerError`; no
-connection is left behind. The async twin runs each exchange under ``asyncio.timeout``; the
-sync twin's own transport (:class:`DeadlineTransport`, the default) cuts every socket
+cap, having held at most the cap and one step (:class:`~tiletune.client.answer_body.CappedBody`).
+Past the deadline (:class:`~tiletune.client.deadline.Deadline`) a call raises
+:class:`ServerUnreachableError`, past the cap :class:`UnexpectedAnswerError`; no connection is
+left behind. The async twin runs each exchange under ``asyncio.timeout``; the sync twin's own
+transport (:class:`~tiletune.client.transport.DeadlineTransport`, the default) cuts every socket
 operation to the time left, so a server that trickles its headers a byte at a time cannot
 hold a call (with a transport given, the deadline is checked as the body arrives). The
 default transport goes through the HTTP proxy the environment names, as httpx would.
@@ -32,22 +33,24 @@ call is one attempt.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import threading
-import time
-import urllib.request
-import zlib
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
-import httpcore
 import httpx
 
 from tiletune.client import calls
+from tiletune.client.answer_body import (
+    ACCEPT_ENCODING,
+    CappedBody,
+    async_raw_chunks,
+    decoded_response,
+    raw_chunks,
+)
 from tiletune.client.calls import (
     MAX_ANSWER_BYTES,
     ApiError,
@@ -57,6 +60,8 @@ from tiletune.client.calls import (
     UnexpectedAnswerError,
     checked,
 )
+from tiletune.client.deadline import Deadline
+from tiletune.client.transport import DeadlineTransport, environment_proxy
 from tiletune.client.wire import (
     AskPublic,
     ConfigBundle,
@@ -82,13 +87,6 @@ DEFAULT_TIMEOUT_S = 30.0
 #: Default seconds a whole call may take when it names none (the worker's and the command line's):
 #: an ask the server takes seconds to answer, a sweep of 10,000 jobs, fit well within.
 DEFAULT_DEADLINE_S = 120.0
-#: The content codings an answer may come in (asked for in ``Accept-Encoding``; see :class:`CappedBody`).
-ACCEPT_ENCODING = "gzip"
-#: Decoded bytes made at most per step of :class:`CappedBody` (between steps: the deadline is checked,
-#: the event loop runs).
-DECODE_STEP_BYTES = 256 * 1024
-#: Bytes handed to a socket per write of :class:`DeadlineTransport` (each cut to the time left).
-WRITE_STEP_BYTES = 64 * 1024
 #: The status of a server whose database is away for now: always retried.
 SERVICE_UNAVAILABLE = 503
 
@@ -157,7 +155,8 @@ def http_client(
     transport: httpx.BaseTransport | None = None,
 ) -> httpx.Client:
     """An ``httpx.Client`` for the server at ``url``, the bearer token in its headers; its transport
-    is ``transport``, else a :class:`DeadlineTransport` (through the environment's proxy for ``url``)."""
+    is ``transport``, else a :class:`~tiletune.client.transport.DeadlineTransport` (through the
+    environment's proxy for ``url``)."""
     if transport is None:
         transport = DeadlineTransport(environment_proxy(url))
     return httpx.Client(
@@ -175,333 +174,6 @@ def _failure(url: str, call: Call[R], error: httpx.HTTPError, deadline: Deadline
     return UnexpectedAnswerError(
         f"{url}{call.path} answered something that cannot be read ({type(error).__name__}: {error})"
     )
-
-
-# -- bounds of one exchange: its deadline, the cap on its answer ----------------------------------
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When an exchange must be over (``time.monotonic()``), and the seconds it was given."""
-
-    at: float
-    seconds: float
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        return cls(time.monotonic() + seconds, seconds)
-
-    def left_s(self) -> float:
-        return self.at - time.monotonic()
-
-    def passed(self) -> bool:
-        return self.left_s() <= 0
-
-    def check(self) -> None:
-        """Raise ``httpx.ReadTimeout`` once the deadline has passed."""
-        if self.passed():
-            raise httpx.ReadTimeout(f"no complete answer within {self.seconds:g} s")
-
-    def missed(self, url: str, call: Call[Any]) -> str:
-        """The message of a call that ran out of time."""
-        return f"no complete answer from {url}{call.path} within {self.seconds:g} s (its deadline)"
-
-    @contextlib.contextmanager
-    def on_this_thread(self) -> Iterator[None]:
-        """Make this the deadline of the calling thread's socket operations (:class:`DeadlineTransport`)."""
-        before, _THREAD_DEADLINE.at = _THREAD_DEADLINE.at, self.at
-        try:
-            yield
-        finally:
-            _THREAD_DEADLINE.at = before
-
-
-class _ThreadDeadline(threading.local):
-    """The deadline (``time.monotonic()``) of the exchange a thread is making; ``None`` between."""
-
-    at: float | None = None
-
-
-_THREAD_DEADLINE = _ThreadDeadline()
-
-
-def _cut(timeout: float | None, expired: type[httpcore.TimeoutException]) -> float | None:
-    """The timeout of one socket operation, cut to the time left before its thread's deadline;
-    ``expired`` once it has passed."""
-    at = _THREAD_DEADLINE.at
-    if at is None:
-        return timeout
-    left = at - time.monotonic()
-    if left <= 0:
-        raise expired("the call's deadline passed")
-    return left if timeout is None else min(timeout, left)
-
-
-class CappedBody:
-    """An answer's body as it arrives, decoded as its ``Content-Encoding`` says, at most ``max_bytes``.
-
-    :meth:`feed` decodes each chunk read off the wire in steps of at most ``DECODE_STEP_BYTES``,
-    yielding after each; past ``max_bytes`` it raises :class:`UnexpectedAnswerError` at once, having
-    held at most ``max_bytes`` and one step. Content codings: none, ``identity``, ``gzip``; another
-    (one the client did not ask for) is ``httpx.DecodingError``, as is a body that does not inflate.
-    """
-
-    def __init__(self, response: httpx.Response, max_bytes: int, where: str) -> None:
-        read = response.is_stream_consumed  # a transport that read (and decoded) the body: a test's
-        self._inflate = None if read else _inflater(response.headers.get("content-encoding", ""))
-        self._max_bytes = max_bytes
-        self._where = where
-        self._parts: list[bytes] = []
-        self._size = 0
-
-    def feed(self, raw: bytes) -> Iterator[None]:
-        """Take one chunk as read; yields after each step of decoding."""
-        if self._inflate is None:
-            self._keep(raw)
-            yield
-            return
-        data = raw
-        while not self._inflate.eof:
-            limit = min(self._max_bytes - self._size + 1, DECODE_STEP_BYTES)
-            try:
-                out = self._inflate.decompress(data, limit)
-            except zlib.error as error:
-                raise httpx.DecodingError(f"the gzip body does not inflate ({error})") from None
-            self._keep(out)
-            data = self._inflate.unconsumed_tail
-            yield
-            if not data and len(out) < limit:  # this chunk is decoded, nothing is pending
-                return
-
-    def content(self) -> bytes:
-        """The body decoded, once the last chunk was fed."""
-        if self._inflate is not None:
-            try:
-                self._keep(self._inflate.flush())
-            except zlib.error as error:
-                raise httpx.DecodingError(f"the gzip body does not inflate ({error})") from None
-        return b"".join(self._parts)
-
-    def _keep(self, data: bytes) -> None:
-        self._size += len(data)
-        if self._size > self._max_bytes:
-            self._parts.clear()
-            raise UnexpectedAnswerError(
-                f"{self._where} answered more than {self._max_bytes} bytes; the answer was not read further"
-            )
-        if data:
-            self._parts.append(data)
-
-
-def _inflater(content_encoding: str) -> zlib._Decompress | None:
-    """A zlib decompressor of ``content_encoding``; ``None`` for none; ``httpx.DecodingError`` for one
-    this client does not read."""
-    named = (coding.strip().lower() for coding in content_encoding.split(","))
-    codings = [coding for coding in named if coding not in ("", "identity")]
-    if not codings:
-        return None
-    if codings in (["gzip"], ["x-gzip"]):
-        return zlib.decompressobj(16 + zlib.MAX_WBITS)
-    raise httpx.DecodingError(f"an answer in the content coding {content_encoding[:100]!r}, not asked for")
-
-
-def _raw_chunks(response: httpx.Response) -> Iterator[bytes]:
-    """The body as it arrives (as the transport gave it, when it read the body itself)."""
-    if response.is_stream_consumed:
-        yield response.content
-    else:
-        yield from response.iter_raw()
-
-
-async def _async_raw_chunks(response: httpx.Response) -> AsyncIterator[bytes]:
-    """:func:`_raw_chunks` of an async answer."""
-    if response.is_stream_consumed:
-        yield response.content
-    else:
-        async for raw in response.aiter_raw():
-            yield raw
-
-
-#: The headers of a body as sent, dropped from the answer once its body is decoded.
-_WIRE_HEADERS = ("content-encoding", "content-length", "transfer-encoding")
-
-
-def _answered(response: httpx.Response, content: bytes) -> httpx.Response:
-    """``response`` with its body read and decoded (what the calls' decoders take)."""
-    headers = [(k, v) for k, v in response.headers.multi_items() if k.lower() not in _WIRE_HEADERS]
-    return httpx.Response(response.status_code, headers=headers, content=content, request=response.request)
-
-
-# -- the sync twin's transport: every socket operation cut to the call's deadline -----------------
-
-
-class _DeadlineStream(httpcore.NetworkStream):
-    """A connection whose every operation waits at most until its thread's deadline (:func:`_cut`)."""
-
-    def __init__(self, stream: httpcore.NetworkStream) -> None:
-        self._stream = stream
-
-    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
-        return self._stream.read(max_bytes, _cut(timeout, httpcore.ReadTimeout))
-
-    def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        for start in range(0, len(buffer), WRITE_STEP_BYTES):
-            step = buffer[start : start + WRITE_STEP_BYTES]
-            self._stream.write(step, _cut(timeout, httpcore.WriteTimeout))
-
-    def close(self) -> None:
-        self._stream.close()
-
-    def start_tls(
-        self, ssl_context: Any, server_hostname: str | None = None, timeout: float | None = None
-    ) -> httpcore.NetworkStream:
-        timeout = _cut(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._stream.start_tls(ssl_context, server_hostname, timeout))
-
-    def get_extra_info(self, info: str) -> Any:
-        return self._stream.get_extra_info(info)
-
-
-class _DeadlineBackend(httpcore.NetworkBackend):
-    """httpcore's sync sockets, as :class:`_DeadlineStream`."""
-
-    def __init__(self) -> None:
-        self._backend = httpcore.SyncBackend()
-
-    def connect_tcp(
-        self,
-        host: str,
-        port: int,
-        timeout: float | None = None,
-        local_address: str | None = None,
-        socket_options: Iterable[Any] | None = None,
-    ) -> httpcore.NetworkStream:
-        timeout = _cut(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_tcp(host, port, timeout, local_address, socket_options))
-
-    def connect_unix_socket(
-        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
-    ) -> httpcore.NetworkStream:
-        timeout = _cut(timeout, httpcore.ConnectTimeout)
-        return _DeadlineStream(self._backend.connect_unix_socket(path, timeout, socket_options))
-
-    def sleep(self, seconds: float) -> None:
-        self._backend.sleep(seconds)
-
-
-#: httpcore's errors and httpx's of the same name (the most specific first).
-_HTTPX_ERRORS: tuple[tuple[type[Exception], type[httpx.TransportError]], ...] = (
-    (httpcore.ConnectTimeout, httpx.ConnectTimeout),
-    (httpcore.ReadTimeout, httpx.ReadTimeout),
-    (httpcore.WriteTimeout, httpx.WriteTimeout),
-    (httpcore.PoolTimeout, httpx.PoolTimeout),
-    (httpcore.TimeoutException, httpx.TimeoutException),
-    (httpcore.ConnectError, httpx.ConnectError),
-    (httpcore.ReadError, httpx.ReadError),
-    (httpcore.WriteError, httpx.WriteError),
-    (httpcore.NetworkError, httpx.NetworkError),
-    (httpcore.ProxyError, httpx.ProxyError),
-    (httpcore.UnsupportedProtocol, httpx.UnsupportedProtocol),
-    (httpcore.LocalProtocolError, httpx.LocalProtocolError),
-    (httpcore.RemoteProtocolError, httpx.RemoteProtocolError),
-    (httpcore.ProtocolError, httpx.ProtocolError),
-)
-
-
-@contextlib.contextmanager
-def _as_httpx_errors() -> Iterator[None]:
-    """httpcore's errors raised as httpx's, as httpx's own transport does."""
-    try:
-        yield
-    except Exception as error:
-        for core, public in _HTTPX_ERRORS:
-            if isinstance(error, core):
-                raise public(str(error)) from error
-        raise
-
-
-class _AnswerStream(httpx.SyncByteStream):
-    """An answer's body from httpcore, its errors as httpx's."""
-
-    def __init__(self, stream: Iterable[bytes]) -> None:
-        self._stream = stream
-
-    def __iter__(self) -> Iterator[bytes]:
-        with _as_httpx_errors():
-            yield from self._stream
-
-    def close(self) -> None:
-        close = getattr(self._stream, "close", None)
-        if close is not None:
-            with _as_httpx_errors():
-                close()
-
-
-class DeadlineTransport(httpx.BaseTransport):
-    """httpx's HTTP/1.1 transport (same limits, TLS context), but every socket operation (connect,
-    TLS handshake, each read and write) waits at most until the deadline of the exchange its thread
-    is making (:meth:`Deadline.on_this_thread`), so no server can hold a call past it, however it
-    trickles. Through the HTTP proxy at ``proxy`` when given.
-    """
-
-    def __init__(self, proxy: httpx.URL | None = None) -> None:
-        options: dict[str, Any] = {  # httpx's defaults
-            "ssl_context": httpx.create_ssl_context(),
-            "max_connections": 100,
-            "max_keepalive_connections": 20,
-            "keepalive_expiry": 5.0,
-            "network_backend": _DeadlineBackend(),
-        }
-        self._pool = (
-            httpcore.ConnectionPool(**options)
-            if proxy is None
-            else httpcore.HTTPProxy(
-                proxy_url=_core_url(proxy),
-                proxy_auth=(proxy.username, proxy.password) if proxy.username else None,
-                **options,
-            )
-        )
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        assert isinstance(request.stream, httpx.SyncByteStream)
-        sent = httpcore.Request(
-            method=request.method,
-            url=_core_url(request.url),
-            headers=request.headers.raw,
-            content=request.stream,
-            extensions=request.extensions,
-        )
-        with _as_httpx_errors():
-            answer = self._pool.handle_request(sent)
-        assert isinstance(answer.stream, Iterable)
-        return httpx.Response(
-            answer.status,
-            headers=answer.headers,
-            stream=_AnswerStream(answer.stream),
-            extensions=answer.extensions,
-        )
-
-    def close(self) -> None:
-        self._pool.close()
-
-
-def _core_url(url: httpx.URL) -> httpcore.URL:
-    return httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port, target=url.raw_path)
-
-
-def environment_proxy(url: str) -> httpx.URL | None:
-    """The HTTP(S) proxy the environment names for ``url`` (``http_proxy``, ``https_proxy``,
-    ``all_proxy``, unless ``no_proxy`` covers its host), as httpx uses them; ``None``: connect
-    directly (also for a proxy that is not ``http://`` or ``https://``)."""
-    target = httpx.URL(url)
-    proxies = urllib.request.getproxies()
-    if not proxies or urllib.request.proxy_bypass(target.host):
-        return None
-    named = proxies.get(target.scheme) or proxies.get("all")
-    if not named:
-        return None
-    proxy = httpx.URL(named if "://" in named else f"http://{named}")
-    return proxy if proxy.scheme in ("http", "https") else None
 
 
 def _server_fault(error: Exception) -> str | None:
@@ -599,10 +271,10 @@ class ServiceApi:
             response = self._http.send(request, stream=True)
             try:
                 body = CappedBody(response, max_bytes, f"{self.url}{call.path}")
-                for raw in _raw_chunks(response):
+                for raw in raw_chunks(response):
                     for _step in body.feed(raw):
                         deadline.check()
-                return _answered(response, body.content())
+                return decoded_response(response, body.content())
             finally:
                 response.close()
 
@@ -720,10 +392,10 @@ class AsyncServiceApi:
         response = await self._http.send(request, stream=True)
         try:
             body = CappedBody(response, max_bytes, f"{self.url}{call.path}")
-            async for raw in _async_raw_chunks(response):
+            async for raw in async_raw_chunks(response):
                 for _step in body.feed(raw):
                     await asyncio.sleep(0)  # a large body never holds the event loop
-            return _answered(response, body.content())
+            return decoded_response(response, body.content())
         finally:
             await response.aclose()
 

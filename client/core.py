@@ -1,8 +1,8 @@
-"""What the sync and async clients share: the answer type, the caches, the fallbacks, the back-off.
+"""What the sync and async clients share: the decisions, the caches, the fallbacks, the back-off.
 
 No network I/O here (the clients do it); the rules:
 
-- An answer (:class:`Tiling`) is remembered in memory by (kernel, dtype,
+- An answer (:class:`~tiletune.client.tiling.Tiling`) is remembered in memory by (kernel, dtype,
   shape items). Exact answers, and every answer after a prefetch (the
   prefetch decides; a refresh replaces it), are kept until the next
   prefetch or import. Nearest and default answers otherwise are kept for
@@ -57,8 +57,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import MappingProxyType
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from tiletune.client import calls
 from tiletune.client.answers import AnswerTally
@@ -69,11 +68,11 @@ from tiletune.client.keys import key_problem, kind_of
 from tiletune.client.knobs import adapt, config_problem, structure_problem, values_problem
 from tiletune.client.known import KnownConfigs
 from tiletune.client.misses import MissLedger
+from tiletune.client.tiling import Tiling, default_tiling, kernel_name, tiling_of
 from tiletune.client.wire import (
     BestConfigPublic,
     ConfigBundle,
     LookupPublic,
-    Match,
     shape_text,
 )
 
@@ -89,26 +88,6 @@ KernelVersion = Callable[[str], "int | None"]
 #: Distinct warnings logged at most (then no more: a launch path that goes wrong in ever new
 #: ways must not fill memory or the log).
 MAX_WARNINGS = 10_000
-
-
-@dataclass(frozen=True, slots=True)
-class Tiling:
-    """The config to launch with and how it was found.
-
-    ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
-    nearest shape), ``default`` (the kernel's built-in rule). ``best`` is the
-    tuned entry's provenance (job, trial, software, times); ``stale`` says why
-    the entry's software differs from this process's, if it does; ``source``:
-    ``server``, ``memory`` (known from a prefetch or an import), ``disk`` or
-    ``default``.
-    """
-
-    kernel: str
-    config: Mapping[str, int]
-    match: Match
-    source: str
-    best: BestConfigPublic | None = None
-    stale: str | None = None
 
 
 @dataclass
@@ -276,18 +255,18 @@ class ClientCore:
             return None
         entry = self.known.exact(kernel, version, shape, dtype)
         if entry is not None:
-            return self._tiling(entry, "exact", source)
+            return tiling_of(entry, "exact", source, self.software)
         near = self.known.nearest(kernel, version, shape, dtype)
         if near is None:
             return None
         config = adapt(near[1].config, shape, self.known.info_of(kernel, version))
-        return self._tiling(near[1], "nearest", source, config=config) if config is not None else None
+        return tiling_of(near[1], "nearest", source, self.software, config) if config is not None else None
 
     def exact_known(self, kernel: str, shape: Mapping[str, int], dtype: str) -> Tiling | None:
         """An exact answer from the entries known in memory."""
         version = self._version(kernel)
         entry = self.known.exact(kernel, version, shape, dtype) if version is not None else None
-        return self._tiling(entry, "exact", "memory") if entry is not None else None
+        return tiling_of(entry, "exact", "memory", self.software) if entry is not None else None
 
     def from_server(self, answer: LookupPublic, kernel: str, shape: Mapping[str, int]) -> Tiling | None:
         """The server's answer to the lookup of ``kernel`` at ``shape``, unless it was tuned with
@@ -311,7 +290,7 @@ class ClientCore:
             )
             return None
         self.known.add([best])
-        return self._tiling(best, answer.match, "server", config=answer.config)
+        return tiling_of(best, answer.match, "server", self.software, answer.config)
 
     def _answer_problem(
         self, answer: LookupPublic, best: BestConfigPublic, kernel: str, shape: Mapping[str, int]
@@ -349,13 +328,13 @@ class ClientCore:
                 config = dict(given)
             except Exception as error:  # never break the caller: unknown kernel, bad shape, ...
                 self.warn_once(
-                    ("default", _name(kernel), kind_of(error)),
+                    ("default", kernel_name(kernel), kind_of(error)),
                     "tiletune client: no default config for %s (%s: %s); using {}",
-                    _name(kernel),
+                    kernel_name(kernel),
                     kind_of(error),
                     error,
                 )
-        return Tiling(_name(kernel), MappingProxyType(config), "default", "default")
+        return default_tiling(kernel, config)
 
     def bad_input(self, kernel: object, shape: object, dtype: object, cause: str | Exception) -> Tiling:
         """The answer to a launch key the client cannot take (see the module docstring): the
@@ -369,22 +348,7 @@ class ClientCore:
             )
             return self.default(kernel, shape, dtype)  # type: ignore[arg-type]  # the rule may refuse it
         except Exception:
-            return Tiling(_name(kernel), MappingProxyType({}), "default", "default")
-
-    def _tiling(self, entry: BestConfigPublic, match: Match, source: str, config: Any = None) -> Tiling:
-        """An answer from an entry, marked stale when its software differs from ours."""
-        chosen = dict(config if config is not None else entry.config)
-        return Tiling(entry.kernel, MappingProxyType(chosen), match, source, entry, self._stale(entry))
-
-    def _stale(self, entry: BestConfigPublic) -> str | None:
-        if not entry.software:
-            return None
-        differences = [
-            f"{name} {entry.software.get(name)} (here {self.software.get(name)})"
-            for name in sorted(set(entry.software) | set(self.software))
-            if entry.software.get(name) != self.software.get(name)
-        ]
-        return "tuned with " + ", ".join(differences) if differences else None
+            return default_tiling(kernel, {})
 
     # -- requests and bundles ------------------------------------------------------------------
 
@@ -466,8 +430,3 @@ class ClientCore:
             changed = self.known.add_bundle(bundle)
             self.forget_answers()
         return changed
-
-
-def _name(kernel: object) -> str:
-    """The kernel of an answer: its name, or ``<type>`` for a kernel that is not a ``str``."""
-    return kernel if isinstance(kernel, str) else f"<{kind_of(kernel)}>"

@@ -7,7 +7,7 @@ The rules (pure logic; no function here raises, whatever it is given):
 - **knob names**, with the kernel's :class:`~tiletune.client.wire.KernelInfo` of the
   entry's version: exactly ``info.knobs``;
 - **values**, with its ``knob_values`` and a ``clamp_rule`` this client knows: each value is
-  one of :func:`allowed_values` for the shape, exactly what ``KernelSpec.knob_values(shape)``
+  one of :func:`allowed_values` for the shape, exactly what ``KernelDeclaration.knob_values(shape)``
   gives on the server: a knob's candidates, a tile knob's (``clamp_to``) clamped by its dim
   ``d`` and deduplicated by the rule the kernel declares, evaluated by
   :func:`tiletune.client.space.knob_values` as the kernels themselves evaluate it (``min``:

@@ -26,6 +26,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+#: Bytes per element of each of the wire's dtype names (``tiletune.client.wire.DTYPES``).
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 #: The chip's limits a knob's values may be declared to run up to (``Knob.up_to``).
 UP_TO_LIMITS = ("cores",)
 #: How a tile knob's values are capped by its dim (see the module docstring).

@@ -177,6 +177,9 @@ MAX_HOLDING = 2 * MAX_ASK
 
 #: A job's chip target that any chip may take (the job binds to the first chip that leases it).
 ANY_CHIP = "*"
+#: The backend a job shows until its first lease chooses one: it names none, and runs the
+#: implementation the leasing worker's chip runs best (see :class:`SweepCreate`).
+ANY_BACKEND = "*"
 
 
 class ShapeTextError(ValueError):
@@ -263,7 +266,10 @@ class SweepCreate(_Request):
     ``kernels`` (a list of kernel + shapes), or both (``kernel`` first).
 
     ``chips`` are the chip names workers register; empty means any chip (each
-    job binds to the first chip that leases it). ``trials`` is the search's
+    job binds to the first chip that leases it). ``backend`` names the implementation
+    every job runs; without it each job runs the one its first lease's worker prefers
+    among those it offers for the kernel (``native`` on a CPU that has it, else the kernel's
+    first), and keeps it. ``trials`` is the search's
     budget of unique valid measurements per job; ``max_time_s`` an optional
     time budget; ``patience`` stops a job after that many measurements
     without improving its best (convergence). ``workers_per_job`` lets
@@ -279,7 +285,9 @@ class SweepCreate(_Request):
     )
     chips: list[Name] = Field(default_factory=list, max_length=64)
     backend: Annotated[str, Field(max_length=32)] | None = Field(
-        default=None, description="implementation; default: the kernel's first"
+        default=None,
+        description="implementation (one the kernel declares); default: the best one the worker "
+        "that leases each job runs (on a CPU: native where it has it, else torch)",
     )
     strategy: Strategy = "tpe"
     trials: int = Field(default=40, ge=1, le=10_000, strict=True)
@@ -327,7 +335,12 @@ class JobProgress(_Response):
 
 
 class JobPublic(_Response):
-    """One job: the tuning of one (kernel, shape, dtype, chip target)."""
+    """One job: the tuning of one (kernel, shape, dtype, chip target).
+
+    ``chip`` is the chip the job is bound to, or its target until its first lease (``*``: any);
+    ``backend`` the implementation it runs, or ``*`` (:data:`ANY_BACKEND`) until its first lease
+    chooses one.
+    """
 
     id: int
     sweep_id: int
@@ -405,6 +418,11 @@ class WorkerCreate(_Request):
 
     ``kernels`` limits the jobs it leases (empty: any); ``kernel_versions``
     (name -> version) also passes by jobs of another version of a kernel.
+    ``kernel_backends`` (kernel -> the implementations it runs of it, in the kernel's order) is
+    what it offers per kernel: it leases a job naming a backend only where it offers it, and a
+    job naming none runs the one it prefers (``native`` on a CPU, else the first). A worker that
+    does not send it (an older one) is offered, of each kernel, the implementations the kernel
+    declares among its ``backends``, and runs ``torch`` where the kernel has it.
     """
 
     name: Name
@@ -414,6 +432,9 @@ class WorkerCreate(_Request):
     kernel_versions: dict[Identifier, Annotated[int, Strict(), Field(ge=1, le=2**31)]] = Field(
         default_factory=dict, max_length=256
     )
+    kernel_backends: (
+        dict[Identifier, Annotated[list[Identifier], Field(min_length=1, max_length=16)]] | None
+    ) = Field(default=None, max_length=256)
     software: Software = Field(default_factory=dict)
 
 
@@ -435,7 +456,11 @@ class LeaseCreate(_Request):
 
 
 class LeasedJob(_Response):
-    """What a worker needs to run a job: the key, the backend and measurement settings."""
+    """What a worker needs to run a job: the key, the backend and measurement settings.
+
+    ``backend`` is always one the worker offers for the kernel: the job's own, or, for a job that
+    named none, the one this lease chose (kept on the job for every later lease).
+    """
 
     id: int
     kernel: str
@@ -553,7 +578,7 @@ class LookupPublic(_Response):
     ``match``: ``exact`` (tuned for this key), ``nearest`` (tuned for the
     nearest shape of the same kernel version, chip and dtype), ``default``
     (the kernel's built-in rule). ``best`` carries provenance unless default.
-    ``knob_values``: each knob's values for this shape on this chip (``KernelSpec.knob_values``),
+    ``knob_values``: each knob's values for this shape on this chip (``KernelDeclaration.knob_values``),
     which the client checks ``config`` against (``None`` from a server that does not send them).
     """
 

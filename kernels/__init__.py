@@ -1,52 +1,86 @@
-"""tiletune.kernels: tunable kernel specs, their implementations, and devices.
+"""tiletune.kernels: tunable kernels, their declarations and implementations, and devices.
 
-Modules:
+Layout: one package per kernel, its declaration beside its implementations:
 
-- ``spec``: the kernel spec contract (dims, knobs, constraints, default rule, reference, inputs,
-  flop and byte counts) every tunable kernel implements;
-- ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``: the built-in kernels and
-  their portable PyTorch implementations (Ascend-C-shaped staging through ``pipeline``);
-- ``pipeline``: the tiled pipeline executor the portable implementations share;
-- ``native_spec`` and ``native_*``: the native CPU implementations (C++ in ``csrc``, tiles over
-  ``block_dim`` cores, copy-in / compute / copy-out through ``buffer_num`` local buffers);
-  ``native_build``: building the extension (``make setup``) and loading it, never on import;
-- ``triton_spec``, ``triton_*``: the Triton implementations (``triton_kernels``: the
-  ``@triton.jit`` kernels, loaded on first run);
-- ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
-- ``registry``: the built-in kernels, the plugins' entry points, the replay kernels when opted in;
-- ``recorded``: recorded tuning spaces (Kernel Tuner caches), loaded once and looked up;
-- ``replay_kernels``: recorded spaces as kernels measured by lookup on a replay device
+- ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``: each a package of
+  ``declaration`` (its tuning space and counts, torch-free: the portable kernel's and its native
+  and Triton versions'), ``portable`` (the tiled PyTorch pipeline, Ascend-C-shaped staging through
+  ``pipeline``), ``native`` (C++ on CPUs) and ``triton`` (the Triton kernel);
+- ``declaration``: the declaration contract (:class:`KernelDeclaration`), torch-free;
+  ``declarations``: which kernels are declared (what a server plans with, never importing torch);
+- ``spec``: the spec contract (:class:`KernelSpec`: a declaration plus inputs, reference, run);
+  ``registry``: which kernels run here (a spec per declared name);
+- ``native``: what the native kernels share (``space``: ``block_dim``, torch-free; ``spec``:
+  dispatch; ``build``: building the extension from ``csrc``, never on import);
+- ``triton``: what the Triton kernels share (``space``: launch knobs, torch-free; ``spec``: device
+  support; ``jit``: the ``@triton.jit`` kernels, loaded on first run);
+- ``replay``: recorded tuning spaces (Kernel Tuner caches) as kernels measured by lookup
   (``$TILETUNE_REPLAY_KERNELS``), for driving the service at fleet scale;
+- ``pipeline``: the tiled pipeline executor the portable implementations share;
+- ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
 - ``device``: devices: chip identity, limits, timers;
 - ``launcher``: ``launch``: run a kernel under the config a client gives for the call's shape;
-- ``defaults``: what the kernels hand a runtime client (``client_settings``: their default rule
-  and versions);
-- ``errors``: input errors naming the field.
+- ``defaults``: what the kernels hand a runtime client (``client_settings``);
+- ``peaks``: chips' peak throughput; ``errors``: input errors naming the field.
 
-Imports torch; triton, torch_npu and the native extension only lazily. Of tiletune.client it
-imports ``tiletune.client.chip`` (chip names and the software fingerprint, shared with runtime
-clients so both name chips alike), ``tiletune.client.wire`` (the vocabularies and the shape
-text format) and ``ClientSettings`` (for ``client_settings``); never tiletune.tuner,
+Importing this package imports no torch: the declarations (and the names below that are
+declarations' types) load bare, so a server without torch reads them. The names of the torch half
+(``launch``, ``KernelSpec``, ``all_kernels``, …) load torch on first use. Of tiletune.client the
+kernels import ``chip``, ``space``, ``wire`` and ``ClientSettings``; never tiletune.tuner,
 tiletune.service or other client internals.
 """
 
-from tiletune.client.space import Dim, Knob
-from tiletune.kernels.defaults import client_settings
-from tiletune.kernels.launcher import ConfigSource, Selection, launch, select_config, tiled
-from tiletune.kernels.registry import all_kernels, get_kernel
-from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from tiletune.client.space import DeviceLimits, Dim, Knob
+from tiletune.kernels.declaration import Config, KernelDeclaration, Shape
+from tiletune.kernels.declarations import all_declarations, get_declaration
+
+if TYPE_CHECKING:
+    from tiletune.kernels.defaults import client_settings
+    from tiletune.kernels.launcher import ConfigSource, Selection, launch, select_config, tiled
+    from tiletune.kernels.registry import all_kernels, get_kernel
+    from tiletune.kernels.spec import KernelSpec
+
+#: The torch half's names, by the module that defines them (imported on first use).
+_TORCH_HALF = {
+    "client_settings": "tiletune.kernels.defaults",
+    "ConfigSource": "tiletune.kernels.launcher",
+    "Selection": "tiletune.kernels.launcher",
+    "launch": "tiletune.kernels.launcher",
+    "select_config": "tiletune.kernels.launcher",
+    "tiled": "tiletune.kernels.launcher",
+    "all_kernels": "tiletune.kernels.registry",
+    "get_kernel": "tiletune.kernels.registry",
+    "KernelSpec": "tiletune.kernels.spec",
+}
+
+
+def __getattr__(name: str) -> object:
+    """The torch half's names, imported (with torch) on first use."""
+    module = _TORCH_HALF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tiletune.kernels' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
 
 __all__ = [
     "Config",
     "ConfigSource",
     "DeviceLimits",
     "Dim",
+    "KernelDeclaration",
     "KernelSpec",
     "Knob",
     "Selection",
     "Shape",
+    "all_declarations",
     "all_kernels",
     "client_settings",
+    "get_declaration",
     "get_kernel",
     "launch",
     "select_config",

@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from tiletune.client.core import ClientSettings
+from tiletune.kernels.declaration import Config
 from tiletune.kernels.device import get_device
 from tiletune.kernels.errors import InputError
 from tiletune.kernels.registry import get_kernel
-from tiletune.kernels.spec import Config
 
 
 def default_rule(kernel: str, shape: Mapping[str, int], dtype: str, chip: str) -> Config:

@@ -13,7 +13,7 @@ Chip names and the software fingerprint are built by :mod:`tiletune.client.chip`
 clients look configs up under are equal by construction.
 
 The ``replay`` kind (:class:`ReplayDevice`) is no hardware: one chip, :data:`REPLAY_CHIP`,
-on which replay kernels (:mod:`tiletune.kernels.replay_kernels`) are "measured" by looking
+on which replay kernels (:mod:`tiletune.kernels.replay.spec`) are "measured" by looking
 their recorded times up (:class:`~tiletune.tuner.measure.replay_bench.ReplayBench`); it times
 nothing. ``auto`` never picks it.
 """
@@ -34,7 +34,7 @@ import torch
 from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name
 from tiletune.client.wire import DEVICE_KINDS
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
-from tiletune.kernels.replay_kernels import REPLAY_KIND
+from tiletune.kernels.replay.declaration import REPLAY_KIND
 from tiletune.kernels.spec import DeviceLimits
 
 __all__ = [
@@ -187,8 +187,12 @@ def _cpu_l2_bytes() -> int:
 
 @cache
 def cpu_chip() -> Chip:
-    """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory."""
-    return Chip("cpu", cpu_chip_name(), DeviceLimits(local_memory_bytes=_cpu_l2_bytes(), kind="cpu"))
+    """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory, and
+    the cores the native kernels spread over (torch's intra-op threads: what a CPU worker reports)."""
+    limits = DeviceLimits(
+        local_memory_bytes=_cpu_l2_bytes(), kind="cpu", cores=max(1, torch.get_num_threads())
+    )
+    return Chip("cpu", cpu_chip_name(), limits)
 
 
 def _cuda_device(index: int = 0) -> AcceleratorDevice:

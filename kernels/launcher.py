@@ -42,11 +42,12 @@ from typing import Literal, Protocol, TypeVar
 
 import torch
 
+from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.errors import InputError, ShapeError
-from tiletune.kernels.native_spec import preferred_backend
+from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.registry import get_kernel
-from tiletune.kernels.spec import Config, DeviceLimits, KernelSpec, Shape, dtype_name, torch_dtype
+from tiletune.kernels.spec import DeviceLimits, KernelSpec, dtype_name, torch_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -137,7 +138,7 @@ _checks: dict[_CheckKey, tuple[Config, str | None]] = {}
 def _check(spec: KernelSpec, shape: Shape, dtype: str, limits: DeviceLimits, raw: ConfigItems) -> str | None:
     """Why the client's config may not run here, or None when it may."""
     try:
-        config = spec.parse_config(dict(raw), shape)
+        config = spec.parse_config(dict(raw), shape, limits)
     except InputError as error:
         return str(error)
     return spec.invalid_reason(config, shape, dtype, limits)
@@ -157,7 +158,7 @@ def _checked(
         return known
     reason = _check(spec, shape, dtype, limits, raw)
     if reason is None:
-        result: tuple[Config, str | None] = (spec.parse_config(dict(raw), shape), None)
+        result: tuple[Config, str | None] = (spec.parse_config(dict(raw), shape, limits), None)
     else:
         logger.warning(
             "%s %s %s: config %s refused (%s); using the default",

@@ -1,18 +1,18 @@
-"""Which kernels exist: the built-ins plus those plugins declare.
+"""Which kernels run: a spec (the torch half) for each built-in, replay and plugin kernel.
 
-A plugin package registers a :class:`~tiletune.kernels.spec.KernelSpec` (an
-instance, or a subclass taking no arguments) under the entry-point group
-``tiletune.kernels``::
+A plugin package registers a :class:`~tiletune.kernels.spec.KernelSpec` (an instance, or a
+subclass taking no arguments) under the entry-point group ``tiletune.kernels``, and its space,
+torch-free, under ``tiletune.spaces`` with the same entry name
+(:mod:`tiletune.kernels.declarations`, what a server reads)::
 
     [project.entry-points."tiletune.kernels"]
     my_op = "my_package.tiling:MY_OP_SPEC"
 
-Every command (``tune``, ``bench``, ``kernels``; later the server and the
-workers) looks kernels up here, so plugins are treated exactly like built-ins.
-A plugin that fails to load, or reuses a built-in name, is reported as a
-warning and skipped; it never breaks the built-ins.
+Every local command (``tune``, ``bench``, ``kernels``) and every worker looks kernels up here, so
+plugins are treated exactly like built-ins. A plugin that fails to load, or reuses a built-in
+name, is reported as a warning and skipped; it never breaks the built-ins.
 
-Replay kernels (recorded spaces measured by lookup, :mod:`tiletune.kernels.replay_kernels`)
+Replay kernels (recorded spaces measured by lookup, :mod:`tiletune.kernels.replay.spec`)
 are added only when ``$TILETUNE_REPLAY_KERNELS`` names their directory, before the plugins
 (a plugin may not take their names). :func:`kernels_for` is what a device of one kind offers:
 a replay device runs the replay kernels alone, and they run on nothing else.
@@ -25,31 +25,17 @@ import importlib.metadata
 import warnings
 from functools import cache
 
+from tiletune.kernels.declarations import BUILTIN_KERNELS, KERNELS_ENTRY_POINT_GROUP
 from tiletune.kernels.errors import UnknownKernelError
-from tiletune.kernels.replay_kernels import REPLAY_KIND, is_replay_kernel, registered_replay_kernels
+from tiletune.kernels.replay.declaration import REPLAY_KIND
+from tiletune.kernels.replay.spec import is_replay_kernel, registered_replay_kernels
 from tiletune.kernels.spec import KernelSpec
 
-ENTRY_POINT_GROUP = "tiletune.kernels"
-#: The portable PyTorch kernels (each module's name is its kernel's name).
-BUILTIN_MODULES = ("add", "softmax", "rms_norm", "matmul", "fused_attention")
-#: Their Triton implementations: separate kernels reusing the portable specs' dims, inputs and
-#: reference, with their own knobs (block sizes, num_stages, num_warps). Importing them needs no triton.
-TRITON_MODULES = (
-    "triton_add",
-    "triton_softmax",
-    "triton_rms_norm",
-    "triton_matmul",
-    "triton_fused_attention",
-)
-#: Their native CPU implementations (C++ in ``kernels/csrc``): separate kernels with the portable
-#: knobs plus ``block_dim``. Importing them never compiles; ``supports("cpu")`` says if they are built.
-NATIVE_MODULES = (
-    "native_add",
-    "native_softmax",
-    "native_rms_norm",
-    "native_matmul",
-    "native_fused_attention",
-)
+#: The implementations of each built-in kernel, each a module of its package with a ``SPEC``:
+#: the portable PyTorch pipeline (named as the kernel), then the Triton kernels (``triton_*``: their
+#: own knobs, block sizes, num_stages, num_warps; importing them needs no triton), then the native
+#: CPU kernels (``native_*``: the portable knobs plus ``block_dim``; importing them never compiles).
+IMPLEMENTATION_MODULES = ("portable", "triton", "native")
 
 
 def _as_spec(obj: object, origin: str) -> KernelSpec:
@@ -62,10 +48,10 @@ def _as_spec(obj: object, origin: str) -> KernelSpec:
 
 def builtin_kernels() -> dict[str, KernelSpec]:
     """The kernels shipped with tiletune, by name: the portable ones, their Triton and native versions."""
-    specs = [
-        _as_spec(importlib.import_module(f"tiletune.kernels.{module}").SPEC, module)
-        for module in (*BUILTIN_MODULES, *TRITON_MODULES, *NATIVE_MODULES)
+    modules = [
+        f"tiletune.kernels.{kernel}.{impl}" for impl in IMPLEMENTATION_MODULES for kernel in BUILTIN_KERNELS
     ]
+    specs = [_as_spec(importlib.import_module(module).SPEC, module) for module in modules]
     return {spec.name: spec for spec in specs}
 
 
@@ -74,7 +60,7 @@ def all_kernels() -> dict[str, KernelSpec]:
     """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, then plugin kernels
     from the ``tiletune.kernels`` entry points. Read once per process."""
     kernels: dict[str, KernelSpec] = {**builtin_kernels(), **registered_replay_kernels()}
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for entry in importlib.metadata.entry_points(group=KERNELS_ENTRY_POINT_GROUP):
         try:
             spec = _as_spec(entry.load(), f"entry point {entry.name} ({entry.value})")
         except Exception as error:  # a broken plugin must not break the built-ins

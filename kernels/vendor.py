@@ -14,8 +14,9 @@ from collections.abc import Callable, Sequence
 import torch
 from torch.nn import functional
 
-from tiletune.kernels.rms_norm import EPS
-from tiletune.kernels.spec import KernelSpec, Shape
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.spec import KernelSpec
 
 VendorOp = Callable[[Sequence[torch.Tensor]], torch.Tensor]
 FAMILY_PREFIXES = ("native_", "triton_")

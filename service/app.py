@@ -18,8 +18,8 @@ import gc
 import logging
 import re
 import threading
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,12 +35,14 @@ from starlette.routing import compile_path
 from tiletune.client.wire import ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard
 from tiletune.service.auth import Identity, Tokens
-from tiletune.service.bodies import BodyGuard, error_field_and_message, not_json_message
+from tiletune.service.bodies import BodyGuard
+from tiletune.service.body_json import error_field_and_message, not_json_message
 from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
+from tiletune.service.demand import MissPolicy
 from tiletune.service.dependencies import authenticate
 from tiletune.service.errors import ServiceError, UnavailableError, error_headers
 from tiletune.service.metrics import RequestTimer, ServiceMetrics
-from tiletune.service.misses import Misses, MissPolicy
+from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
@@ -136,6 +138,46 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
 def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper: bool = True) -> FastAPI:
     """The tiletune API for ``settings`` (default: from the environment); see the module docstring."""
     services = build_services(settings or Settings(), clock)
+    app = FastAPI(
+        title="tiletune",
+        version="1",
+        summary="Tiling autotuning service: sweeps, jobs, worker leases and best configs.",
+        lifespan=_lifespan(services, reaper),
+        docs_url=None,  # served by the dashboard with local assets (tiletune.service.dashboard.docs)
+        redoc_url=None,
+        responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
+    )
+    app.state.services = services
+    routers = (  # matched in this order: the lookups (the hottest routes) first
+        api_configs.router,
+        api_sweeps.router,
+        api_workers.router,
+        api_misses.router,
+        api_tokens.router,
+    )
+    for router in routers:
+        app.include_router(router)
+    dashboard.mount(app)
+    app.state.path_methods = _path_methods(app, [*routers, *dashboard.ROUTERS])
+    _handle_errors(app)
+
+    async def authenticate_caller(secret: str, address: str) -> Identity:
+        return await authenticate(services.tokens, services.auth_failures, secret, address)
+
+    app.add_middleware(
+        BodyGuard,
+        ceiling_bytes=services.settings.max_body_bytes,
+        timeout_s=services.settings.body_timeout_s,
+        authenticate=authenticate_caller,
+    )
+    app.add_middleware(RequestTimer, metrics=services.metrics)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    return app
+
+
+def _lifespan(services: Services, reaper: bool) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """While serving: the index loaded first, then the reaper (when ``reaper``) and the index's watcher
+    running in threads, stopped at shutdown."""
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -156,46 +198,17 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
             thread.join(timeout=5)
         watcher.join(timeout=5)
 
-    app = FastAPI(
-        title="tiletune",
-        version="1",
-        summary="Tiling autotuning service: sweeps, jobs, worker leases and best configs.",
-        lifespan=lifespan,
-        docs_url=None,  # served by the dashboard with local assets (tiletune.service.dashboard.docs)
-        redoc_url=None,
-        responses={status: {"model": ErrorBody, "description": why} for status, why in ERRORS.items()},
-    )
-    app.state.services = services
-    routers = (  # matched in this order: the lookups (the hottest routes) first
-        api_configs.router,
-        api_sweeps.router,
-        api_workers.router,
-        api_misses.router,
-        api_tokens.router,
-    )
-    for router in routers:
-        app.include_router(router)
-    dashboard.mount(app)
-    app.state.path_methods = _path_methods(app, [*routers, *dashboard.ROUTERS])
+    return lifespan
+
+
+def _handle_errors(app: FastAPI) -> None:
+    """Answer every error as a JSON ``ErrorBody`` (see the module docstring)."""
     app.add_exception_handler(ServiceError, _service_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
     for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
         app.add_exception_handler(database_fault, _database_error)
-
-    async def authenticate_caller(secret: str, address: str) -> Identity:
-        return await authenticate(services.tokens, services.auth_failures, secret, address)
-
-    app.add_middleware(
-        BodyGuard,
-        ceiling_bytes=services.settings.max_body_bytes,
-        timeout_s=services.settings.body_timeout_s,
-        authenticate=authenticate_caller,
-    )
-    app.add_middleware(RequestTimer, metrics=services.metrics)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    return app
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
 from tiletune.client.wire import MAX_MS, MIN_MS, BestConfigPublic, ConfigBundle, HistoryPoint, Software
-from tiletune.kernels import Config, KernelSpec, Shape
+from tiletune.kernels import Config, KernelDeclaration, Shape
 from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
 from tiletune.service.errors import InvalidInputError
@@ -169,7 +169,9 @@ def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tupl
     return key, winner, chip
 
 
-def _parsed_config(spec: KernelSpec, raw: dict[str, int], shape: Shape, chip: ChipRow, field: str) -> Config:
+def _parsed_config(
+    spec: KernelDeclaration, raw: dict[str, int], shape: Shape, chip: ChipRow, field: str
+) -> Config:
     """``raw`` as one of the kernel's configs for ``shape`` on ``chip``; :class:`InvalidInputError`
     naming ``field``."""
     try:
@@ -179,7 +181,7 @@ def _parsed_config(spec: KernelSpec, raw: dict[str, int], shape: Shape, chip: Ch
 
 
 def _check_runs_on(
-    spec: KernelSpec, config: Config, shape: Shape, dtype: str, *, chip: ChipRow, field: str
+    spec: KernelDeclaration, config: Config, shape: Shape, dtype: str, *, chip: ChipRow, field: str
 ) -> None:
     """:class:`InvalidInputError` naming ``field`` unless ``config`` may run on ``chip`` (its limits)."""
     invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
@@ -227,7 +229,7 @@ def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force:
 
 
 def exact_public(
-    session: Session, spec: KernelSpec, shape_key: str, dtype: str, chip: str
+    session: Session, spec: KernelDeclaration, shape_key: str, dtype: str, chip: str
 ) -> BestConfigPublic | None:
     """The best config of a key named by its chip's name, with provenance, in one query."""
     query = (
@@ -269,7 +271,7 @@ def best_configs(session: Session, chip: str, kernel: str | None = None) -> list
 
 
 def nearest_best(
-    session: Session, spec: KernelSpec, shape: dict[str, int], *, dtype: str, chip_id: int, k: int = 1
+    session: Session, spec: KernelDeclaration, shape: dict[str, int], *, dtype: str, chip_id: int, k: int = 1
 ) -> list[tuple[float, BestConfigRow]]:
     """The ``k`` best configs of the nearest tuned shapes (same kernel version, dtype, chip)."""
     rows = session.scalars(

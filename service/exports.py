@@ -24,7 +24,7 @@ import hashlib
 from dataclasses import dataclass
 
 from tiletune.client.wire import ConfigBundle, KernelInfo
-from tiletune.kernels import DeviceLimits, all_kernels
+from tiletune.kernels import DeviceLimits, all_declarations
 from tiletune.service.database import Database
 from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.index import BestIndex, Snapshot
@@ -78,7 +78,7 @@ class Exports:
     def _build(self, snapshot: Snapshot, key: tuple[str, str | None]) -> Export:
         chip, kernel = key
         version = snapshot.chip_versions.get(chip, 0)
-        kernels = all_kernels()
+        kernels = all_declarations()
         specs = list(kernels.values()) if kernel is None else [kernels[kernel]] if kernel in kernels else []
         chosen = [item for item in snapshot.by_chip.get(chip, {}).items() if kernel in (None, item[0][0])]
         chosen.sort(key=lambda item: (item[0][0], item[0][2], item[0][3], item[0][1]))

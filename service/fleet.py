@@ -2,8 +2,9 @@
 
 Functions take the caller's session and never commit (see :mod:`tiletune.service.database`).
 
-- :func:`register_worker` records the worker under the caller's token, its chip and the
-  software fingerprint beside it. A chip is created only with :class:`ChipRights` ``create``
+- :func:`register_worker` records the worker under the caller's token (with the backends it
+  offers per kernel, when it reports them: what it leases), its chip and the software
+  fingerprint beside it. A chip is created only with :class:`ChipRights` ``create``
   (workers' tokens, where the settings allow), and an existing chip's kind or limits change
   only with ``change`` (an admin's): anyone else gets 403 and nothing changes. The any-chip
   marker ``*`` is no chip's name;
@@ -92,6 +93,11 @@ def register_worker(
         backends=list(request.backends),
         kernels=list(request.kernels),
         kernel_versions=dict(request.kernel_versions),
+        kernel_backends=(
+            {kernel: list(backends) for kernel, backends in request.kernel_backends.items()}
+            if request.kernel_backends is not None
+            else None
+        ),
         token_id=token_id,
         registered_at=now,
         last_seen_at=now,

@@ -49,7 +49,7 @@ from sqlalchemy import func, or_, select, tuple_
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import BestConfigPublic, LookupPublic
-from tiletune.kernels import DeviceLimits, Shape, all_kernels
+from tiletune.kernels import DeviceLimits, Shape, all_declarations
 from tiletune.service.database import Database
 from tiletune.service.fleet import chip_limits
 from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
@@ -304,5 +304,5 @@ def _best_entries(
 def _knob_values(kernel: str, shape: Shape, limits: DeviceLimits) -> dict[str, list[int]] | None:
     """The knob values a lookup answer carries on a chip of ``limits``, or none when the kernel is
     not installed here."""
-    spec = all_kernels().get(kernel)
+    spec = all_declarations().get(kernel)
     return knob_values_of(spec, shape, limits) if spec is not None else None

@@ -8,6 +8,12 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
 - :func:`create_sweep` writes the sweep and one job per key, born as the lifecycle says:
   ``skipped`` when the key is already tuned on that chip with the same kernel version and
   the chip's newest software (unless ``force``), else ``queued``.
+
+A sweep's ``backend`` must be one its kernels declare (their ``implementations``: what they have
+on any machine, never what the server's own machine builds); its jobs keep it.
+A sweep that names none makes jobs with no backend (``NULL``): each runs the implementation its
+first lease's worker prefers (:mod:`tiletune.service.queue`). Whether a worker can run a named
+backend is the lease's business.
 """
 
 from __future__ import annotations
@@ -20,8 +26,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, defer
 
 from tiletune.client.wire import ANY_CHIP, JobState, Role, SweepCreate, SweepPublic
-from tiletune.kernels import KernelSpec, Shape
-from tiletune.kernels.spec import format_bytes
+from tiletune.kernels import KernelDeclaration, Shape
+from tiletune.kernels.declaration import format_bytes
 from tiletune.service import lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, tuned_on_newest_software
@@ -39,7 +45,7 @@ DEFAULT_MAX_SHAPE_BYTES = 8 * 2**30
 class PlannedJob:
     """One job a sweep will create."""
 
-    spec: KernelSpec
+    spec: KernelDeclaration
     shape: Shape
     dtype: str
     chip_target: str
@@ -51,7 +57,7 @@ def plan_sweep(
     """Every job of a valid sweep; :class:`InvalidInputError` naming the field otherwise.
 
     The job count is known before any job is built; a shape whose bench would hold more than
-    ``max_shape_bytes`` (:meth:`KernelSpec.allocated_bytes`, in any of the sweep's dtypes)
+    ``max_shape_bytes`` (:meth:`KernelDeclaration.allocated_bytes`, in any of the sweep's dtypes)
     is refused, naming the shape, its biggest tensor with its bytes, and the limit.
     """
     for index, dtype in enumerate(request.dtypes):
@@ -60,10 +66,10 @@ def plan_sweep(
     chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
     parts = _parse_parts(request, dtypes, max_shape_bytes)
     for spec, _ in parts:
-        if request.backend is not None and request.backend not in spec.backends():
+        declared = spec.implementations
+        if request.backend is not None and request.backend not in declared:
             raise InvalidInputError(
-                f"kernel {spec.name} has no backend {request.backend!r}; "
-                f"choose one of {list(spec.backends())}",
+                f"kernel {spec.name} has no backend {request.backend!r}; choose one of {list(declared)}",
                 field="backend",
             )
     count = sum(len(shapes) for _, shapes in parts) * len(dtypes) * len(chips)
@@ -76,7 +82,7 @@ def plan_sweep(
 
 def _parse_parts(
     request: SweepCreate, dtypes: Sequence[str], max_shape_bytes: int
-) -> list[tuple[KernelSpec, list[Shape]]]:
+) -> list[tuple[KernelDeclaration, list[Shape]]]:
     """Each kernel of the sweep with its parsed, de-duplicated shapes; errors name the field."""
     parts = []
     for position, part in enumerate(request.parts()):
@@ -92,10 +98,10 @@ def _parse_parts(
 
 
 def check_bench_fits(
-    spec: KernelSpec, shape: Shape, dtypes: Sequence[str], max_shape_bytes: int, field: str
+    spec: KernelDeclaration, shape: Shape, dtypes: Sequence[str], max_shape_bytes: int, field: str
 ) -> None:
     """Refuse (naming ``field``) a shape whose bench would hold more than ``max_shape_bytes`` in one
-    of ``dtypes`` (:meth:`KernelSpec.allocated_bytes`); the refusal names its biggest tensor."""
+    of ``dtypes`` (:meth:`KernelDeclaration.allocated_bytes`); the refusal names its biggest tensor."""
     dtype = max(dtypes, key=lambda name: spec.allocated_bytes(shape, name))
     held = spec.allocated_bytes(shape, dtype)
     if held <= max_shape_bytes:
@@ -160,7 +166,7 @@ def _new_job(
         dtype=planned.dtype,
         chip_target=planned.chip_target,
         chip_id=chip.id if chip is not None else None,
-        backend=request.backend or spec.backends()[0],
+        backend=request.backend,
         strategy=request.strategy,
         trials=request.trials,
         max_time_s=request.max_time_s,

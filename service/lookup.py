@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from tiletune.client import space
 from tiletune.client.wire import MATCH_KINDS, LookupPublic, Match
-from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
+from tiletune.kernels import Config, DeviceLimits, KernelDeclaration, Shape
 from tiletune.service import configs
 from tiletune.service.database import Database
 from tiletune.service.errors import InvalidInputError, NotFoundError
@@ -43,7 +43,7 @@ ShapeText = tuple[str, str, str]
 class ParsedKey:
     """A lookup's key as the index names it: the spec, the parsed shape and its canonical text."""
 
-    spec: KernelSpec
+    spec: KernelDeclaration
     shape: Shape
     shape_key: str
     dtype: str
@@ -158,7 +158,9 @@ def lookup(db: Database, kernel: str, shape_text: str, *, dtype: str, chip: str,
     )
 
 
-def adapt(spec: KernelSpec, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> Config | None:
+def adapt(
+    spec: KernelDeclaration, config: Config, shape: Shape, dtype: str, limits: DeviceLimits
+) -> Config | None:
     """``config`` with each knob snapped down to the values ``shape`` allows; ``None`` if then invalid."""
     adapted = space.adapt(config, spec.knob_values(shape, limits))
     if adapted is None:

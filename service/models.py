@@ -144,6 +144,9 @@ class WorkerRow(Base):
     kernels: Mapped[list[str]]
     #: Kernel name -> the version this worker runs (jobs of other versions pass it by).
     kernel_versions: Mapped[JsonDict | None]
+    #: Kernel name -> the implementations this worker runs of it, in the kernel's order (what it
+    #: leases: :mod:`tiletune.service.backends`); NULL from a worker that does not report them.
+    kernel_backends: Mapped[JsonDict | None]
     #: The token (``tokens.id``) the worker registered with: only it may lease and write as this
     #: worker. No foreign key (tokens are revoked, never deleted; SQLite adds no key in place).
     token_id: Mapped[int | None]
@@ -169,9 +172,10 @@ class JobRow(Base):
     """The tuning of one (kernel, shape, dtype, chip target).
 
     ``chip_target`` is a chip name or ``*`` (any); ``chip_id`` is set when the
-    job binds to a chip (at its first lease). ``active_leases`` counts leases
-    not yet ended: leasing is a compare-and-set on it. ``state``: queued,
-    running, validating, done, failed, cancelled, skipped.
+    job binds to a chip (at its first lease). ``backend`` is the implementation it runs: the
+    sweep's, or NULL until its first lease chooses one for the leasing worker (kept after).
+    ``active_leases`` counts leases not yet ended: leasing is a compare-and-set on it.
+    ``state``: queued, running, validating, done, failed, cancelled, skipped.
     """
 
     __tablename__ = "jobs"
@@ -186,7 +190,7 @@ class JobRow(Base):
     dtype: Mapped[str] = mapped_column(String(16))
     chip_target: Mapped[str] = mapped_column(String(200))
     chip_id: Mapped[int | None] = mapped_column(ForeignKey("chips.id"))
-    backend: Mapped[str] = mapped_column(String(32))
+    backend: Mapped[str | None] = mapped_column(String(32))
     strategy: Mapped[str] = mapped_column(String(16))
     trials: Mapped[int]
     max_time_s: Mapped[float | None] = mapped_column(Float)
@@ -336,6 +340,6 @@ class MissRow(Base):
     last_seen_at: Mapped[datetime]
     #: When demand queued a job for the key (the demand budget counts them per chip); ``None``: never.
     demand_queued_at: Mapped[datetime | None]
-    #: The bytes a bench of the key holds (``KernelSpec.allocated_bytes``), set by each report: demand
+    #: The bytes a bench of the key holds (``KernelDeclaration.allocated_bytes``), set by each report: demand
     #: passes over keys above ``TILETUNE_MAX_SHAPE_BYTES``. ``None``: not reported since revision 0006.
     bench_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -62,7 +62,6 @@ from tiletune.service.metrics import ServiceMetrics
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
 from tiletune.service.searches import SearchHost
-from tiletune.service.specs import lookup_kernel
 from tiletune.service.trials import (
     asked_again,
     asked_trials,
@@ -71,17 +70,9 @@ from tiletune.service.trials import (
     validation_rows,
 )
 from tiletune.service.views import job_public, worker_public
+from tiletune.service.warm_start import warm_start_configs
 from tiletune.tuner.search.finalists import finalists, judge
 from tiletune.tuner.search.search import Search
-from tiletune.tuner.search.warm_start import interleave_seeds
-
-#: Nearest tuned shapes whose best configs seed a new job's search.
-WARM_START_NEIGHBOURS = 3
-#: Other chips whose fastest configs of the same key seed a new job's search (after the shapes')
-#: and how many of each chip's (interleaved best first:
-#: :func:`~tiletune.tuner.search.warm_start.interleave_seeds`).
-WARM_START_CHIPS = 2
-WARM_START_PER_CHIP = 4
 
 
 class WorkerProtocol:
@@ -161,6 +152,7 @@ class WorkerProtocol:
     def _lease_public(self, lease: LeaseRow, job: JobRow) -> LeasePublic:
         settings = self.queue.settings
         assert job.default_config is not None
+        assert job.backend is not None  # chosen by the claim that made the lease
         return LeasePublic(
             token=lease.token,
             job=LeasedJob(
@@ -259,26 +251,17 @@ class WorkerProtocol:
     def _search(self, session: Session, job: JobRow) -> Search:
         """The job's search (hold its lock): the one in memory if current, else rebuilt from its trials.
 
-        A job without trials yet is warm-started from the nearest tuned shapes' best configs on its
-        chip, then from the best configs of its key on other chips (``WARM_START_CHIPS``).
+        A job without trials yet is warm-started (:func:`tiletune.service.warm_start.warm_start_configs`:
+        the nearest tuned shapes' best configs on its chip, then its key's best on other chips).
         """
         found = self.searches.cached(job)
         if found is not None:
             return found
         assert job.chip_id is not None
-        chip_id = job.chip_id
-        limits = fleet.chip_limits(session.get_one(ChipRow, chip_id))
-
-        def warm_start() -> list[Config]:
-            spec, shape, k = lookup_kernel(job.kernel), dict(job.shape), WARM_START_NEIGHBOURS + 1
-            neighbours = configs.nearest_best(session, spec, shape, dtype=job.dtype, chip_id=chip_id, k=k)
-            shapes = [row.config for _, row in neighbours if row.shape_key != job.shape_key]
-            chips = configs.other_chips_best(
-                session, JobKey.of(job), chips=WARM_START_CHIPS, per_chip=WARM_START_PER_CHIP
-            )
-            return shapes[:WARM_START_NEIGHBOURS] + interleave_seeds(chips, WARM_START_PER_CHIP)
-
-        return self.searches.rebuild(session, job, limits, self.db.clock(), warm_start)
+        limits = fleet.chip_limits(session.get_one(ChipRow, job.chip_id))
+        return self.searches.rebuild(
+            session, job, limits, self.db.clock(), lambda: warm_start_configs(session, job)
+        )
 
     def _finalists(self, session: Session, job: JobRow) -> list[Config]:
         """The configs of the job's validation run (see :func:`tiletune.tuner.search.finalists.finalists`)."""

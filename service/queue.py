@@ -8,9 +8,12 @@ PostgreSQL, through the worker protocol):
   can run (a ``queued`` job for its chip or for any chip, or a ``running`` job of its chip
   with room for another worker) and returns the lease, or ``None``; ``Missed.RACE`` when another
   claimer won the race or the job turned out tuned already. Claims are a compare-and-set on
-  the job's ``active_leases``, so two workers never both take the last place on a job;
-  PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do not wait
-  on each other. A job of any chip binds to the chip that first leases it.
+  the job's ``active_leases`` (and its backend), so two workers never both take the last place
+  on a job; PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do
+  not wait on each other. A job of any chip binds to the chip that first leases it; a job that
+  names no backend binds to the one that lease chooses (:mod:`tiletune.service.backends`: the
+  worker's preferred implementation of the kernel), stored on the job, so every later lease,
+  trial and result of the job is of that backend, and only workers offering it lease it again.
 - ``fence(session, token, holder)`` returns the lease and its job for a write, or raises
   :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown, ended, or past
   ``expires_at`` by the clock (even before it is reaped); a lease whose worker another token
@@ -37,6 +40,7 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.wire import ANY_CHIP, JobState
 from tiletune.service import lifecycle
+from tiletune.service.backends import Offer, chosen_backend, offered_backends, runnable
 from tiletune.service.configs import JobKey, tuned_on_software
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, LeaseLostError
@@ -75,18 +79,21 @@ class JobQueue:
         self, session: Session, worker: WorkerRow, skipped: set[int]
     ) -> tuple[LeaseRow, JobRow] | Missed | None:
         """One attempt at a lease for ``worker``; jobs in ``skipped`` (found tuned) are passed by."""
-        job = self._candidate(session, worker, skipped)
+        chip = session.get_one(ChipRow, worker.chip_id)
+        offer = offered_backends(worker, chip.kind)
+        job = self._candidate(session, worker, chip, offer, skipped)
         if job is None:
             return None
         if self._already_tuned(session, job, worker):
             skipped.add(job.id)
             return Missed.RACE
-        claimed = self._claim(session, job, worker)
+        claimed = self._claim(session, job, worker, chosen_backend(job, offer))
         return claimed if claimed is not None else Missed.RACE
 
-    def _candidate(self, session: Session, worker: WorkerRow, skipped: set[int]) -> JobRow | None:
+    def _candidate(
+        self, session: Session, worker: WorkerRow, chip: ChipRow, offer: Offer, skipped: set[int]
+    ) -> JobRow | None:
         chip_id = worker.chip_id
-        chip = session.get_one(ChipRow, chip_id)
         open_job = or_(
             (JobRow.state == JobState.QUEUED) & (JobRow.chip_target.in_([chip.name, ANY_CHIP])),
             (JobRow.state == JobState.RUNNING)
@@ -96,7 +103,7 @@ class JobQueue:
         query = select(JobRow).where(
             open_job,
             or_(JobRow.chip_id.is_(None), JobRow.chip_id == chip_id),
-            JobRow.backend.in_(worker.backends),
+            runnable(offer),
         )
         if worker.kernels:
             query = query.where(JobRow.kernel.in_(worker.kernels))
@@ -124,15 +131,24 @@ class JobQueue:
         lifecycle.move(job, Event.ALREADY_TUNED, self.db.clock())
         return True
 
-    def _claim(self, session: Session, job: JobRow, worker: WorkerRow) -> tuple[LeaseRow, JobRow] | None:
+    def _claim(
+        self, session: Session, job: JobRow, worker: WorkerRow, backend: str
+    ) -> tuple[LeaseRow, JobRow] | None:
         now = self.db.clock()
+        same_backend = JobRow.backend.is_(None) if job.backend is None else JobRow.backend == job.backend
         claimed = session.execute(
             update(JobRow)
-            .where(JobRow.id == job.id, JobRow.active_leases == job.active_leases, JobRow.state == job.state)
+            .where(
+                JobRow.id == job.id,
+                JobRow.active_leases == job.active_leases,
+                JobRow.state == job.state,
+                same_backend,
+            )
             .values(
                 active_leases=job.active_leases + 1,
                 state=lifecycle.target(job.state, Event.CLAIMED),
                 chip_id=worker.chip_id,
+                backend=backend,
                 updated_at=now,
             )
             .execution_options(synchronize_session=False)

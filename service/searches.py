@@ -39,7 +39,8 @@ from tiletune.kernels import Config, DeviceLimits
 from tiletune.service.database import aware
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
 from tiletune.service.specs import lookup_kernel
-from tiletune.tuner.search.search import PastTrial, Search, SearchSpace
+from tiletune.tuner.search.search import Search, SearchSpace
+from tiletune.tuner.search.trials import PastTrial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -1,7 +1,7 @@
-"""The kernels' specs as the service reads requests with them: names, shapes and dtypes checked.
+"""The kernels' declarations as the service reads requests with them: names, shapes and dtypes checked.
 
 Every refusal is an :class:`~tiletune.service.errors.InvalidInputError` naming the field.
-Imports the kernels' specs (never runs a kernel) and the wire's vocabularies.
+Imports the kernels' declarations (torch-free; never an implementation) and the wire's vocabularies.
 """
 
 from __future__ import annotations
@@ -10,27 +10,29 @@ from collections.abc import Mapping
 
 from tiletune.client.space import CLAMP_MIN, DeviceLimits, candidates
 from tiletune.client.wire import DTYPES, KernelInfo
-from tiletune.kernels import KernelSpec, Shape, get_kernel
+from tiletune.kernels import KernelDeclaration, Shape, get_declaration
+from tiletune.kernels.declaration import parse_dims
 from tiletune.kernels.errors import InputError
-from tiletune.kernels.spec import parse_dims
 from tiletune.service.errors import InvalidInputError
 
 
-def lookup_kernel(name: str, field: str = "kernel") -> KernelSpec:
+def lookup_kernel(name: str, field: str = "kernel") -> KernelDeclaration:
     """The registered kernel ``name``; :class:`InvalidInputError` naming ``field`` otherwise."""
     try:
-        return get_kernel(name)
+        return get_declaration(name)
     except InputError as error:
         raise InvalidInputError(error.reason, field=field) from error
 
 
-def knob_values_of(spec: KernelSpec, shape: Shape, limits: DeviceLimits | None) -> dict[str, list[int]]:
+def knob_values_of(
+    spec: KernelDeclaration, shape: Shape, limits: DeviceLimits | None
+) -> dict[str, list[int]]:
     """Each knob's values for ``shape`` on a chip of ``limits``, as a lookup answer carries them (the
     client checks configs)."""
     return {name: list(values) for name, values in spec.knob_values(shape, limits).items()}
 
 
-def chip_dependent(spec: KernelSpec) -> bool:
+def chip_dependent(spec: KernelDeclaration) -> bool:
     """Whether ``spec``'s values depend on the chip's limits (a knob declared ``up_to`` one)."""
     return any(knob.up_to is not None for knob in spec.knobs)
 
@@ -42,11 +44,11 @@ def check_dtype(dtype: str, field: str = "dtype") -> str:
     return dtype
 
 
-def parse_shape(spec: KernelSpec, shape: Mapping[str, object], field: str = "shape") -> Shape:
+def parse_shape(spec: KernelDeclaration, shape: Mapping[str, object], field: str = "shape") -> Shape:
     """``shape`` checked against ``spec``; errors name ``field`` and the dim (``shapes[0].n``).
 
     Dims are bounded to what the databases hold and each tensor of a call to
-    :data:`~tiletune.kernels.spec.MAX_TENSOR_BYTES` (:meth:`KernelSpec.parse_shape`): a
+    :data:`~tiletune.kernels.declaration.MAX_TENSOR_BYTES` (:meth:`KernelDeclaration.parse_shape`): a
     refusal of the latter names ``field``, the tensor and its bytes. The same check for a
     lookup, a sweep, a miss report and an import, whatever their dtype.
     """
@@ -56,7 +58,7 @@ def parse_shape(spec: KernelSpec, shape: Mapping[str, object], field: str = "sha
         raise InvalidInputError(error.reason, field=error.field.replace("shape", field, 1)) from error
 
 
-def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Shape]:
+def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelDeclaration, Shape]:
     """The spec and parsed shape of a key given as text (a lookup's query)."""
     spec = lookup_kernel(kernel)
     try:
@@ -68,7 +70,7 @@ def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelSpec, Sha
     return spec, shape
 
 
-def kernel_info(spec: KernelSpec, limits: DeviceLimits | None = None) -> KernelInfo:
+def kernel_info(spec: KernelDeclaration, limits: DeviceLimits | None = None) -> KernelInfo:
     """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs,
     and the knobs' values with the rule that clamps them (:mod:`tiletune.client.knobs`).
 
@@ -92,10 +94,10 @@ def kernel_info(spec: KernelSpec, limits: DeviceLimits | None = None) -> KernelI
     )
 
 
-def declared_clamp_rule(spec: KernelSpec) -> str | None:
+def declared_clamp_rule(spec: KernelDeclaration) -> str | None:
     """The clamp rule all of ``spec``'s tile knobs declare (``min`` when none is a tile knob), or
     ``None`` when its values are not the declared rules' (see :func:`kernel_info`)."""
-    if type(spec).knob_values is not KernelSpec.knob_values:
+    if type(spec).knob_values is not KernelDeclaration.knob_values:
         return None
     rules = {knob.clamp for knob in spec.knobs if knob.clamp_to is not None}
     if len(rules) > 1:

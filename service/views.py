@@ -12,6 +12,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import (
+    ANY_BACKEND,
     LIVE_JOB_STATES,
     BestConfigPublic,
     HistoryPoint,
@@ -49,7 +50,7 @@ def job_public(session: Session, job: JobRow) -> JobPublic:
         shape_key=job.shape_key,
         dtype=job.dtype,
         chip=chip.name if chip is not None else job.chip_target,
-        backend=job.backend,
+        backend=job.backend if job.backend is not None else ANY_BACKEND,
         strategy=job.strategy,
         trials=job.trials,
         max_time_s=job.max_time_s,

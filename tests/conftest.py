@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tiletune.kernels.recorded import REPLAY_DIR_ENV, default_replay_dir
+from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV, default_replay_dir
 
 BUNDLED_REPLAY_DIR = Path(__file__).parent / "data" / "replay"
 

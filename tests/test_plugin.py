@@ -83,3 +83,41 @@ def test_a_broken_plugin_is_skipped_with_a_warning(tmp_path: Path) -> None:
     assert "skipping kernel plugin 'broken'" in result.stderr
     assert "not a KernelSpec" in result.stderr
     assert "add" in {k["name"] for k in json.loads(result.stdout)["kernels"]}
+
+
+def test_a_server_reads_the_plugins_declaration_without_torch(plugin_path: Path) -> None:
+    """The plugin's space (entry point ``tiletune.spaces``) loads where torch cannot: a server's."""
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from tiletune.client.space import DeviceLimits\n"
+        "from tiletune.kernels.declarations import all_declarations, get_declaration\n"
+        "gelu = get_declaration('gelu')\n"
+        "default = gelu.default_config({'n': 100000}, 'float32', DeviceLimits(1 << 20))\n"
+        "print(type(gelu).__name__, default, len(all_declarations()))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(plugin_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["GeluDeclaration", "{'tile_size':", "1024}", "16"]
+
+
+def test_a_plugin_declaring_only_a_spec_is_declared_by_its_spec(tmp_path: Path) -> None:
+    """A plugin written before spaces were declared apart (one ``tiletune.kernels`` entry point)
+    is declared by its spec where torch is installed."""
+    source = tmp_path / "old"
+    shutil.copytree(EXAMPLE, source)
+    pyproject = source / "pyproject.toml"
+    text = pyproject.read_text()
+    pyproject.write_text(text.replace('[project.entry-points."tiletune.spaces"]\ngelu = ', "# "))
+    target = pip_install(source, tmp_path / "site")
+    code = "from tiletune.kernels import get_declaration; print(type(get_declaration('gelu')).__name__)"
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, timeout=60
+    )
+
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "GeluSpec"

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from tiletune.client.wire import STRATEGIES
+from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV
 from tiletune.service.cli.options import (
     BadInputError,
     Commands,
@@ -24,15 +25,12 @@ from tiletune.service.cli.options import (
 )
 
 if TYPE_CHECKING:
-    from tiletune.kernels import Config, KernelSpec, Shape
+    from tiletune.kernels import Config, DeviceLimits, KernelSpec, Shape
     from tiletune.kernels.device import Device
     from tiletune.tuner.measure.replay import ReplaySpace
     from tiletune.tuner.measure.tune import TuneReport
 
 R = TypeVar("R")
-
-#: Same name as ``tiletune.kernels.recorded.REPLAY_DIR_ENV`` (not imported here: the kernels load torch).
-REPLAY_DIR_ENV = "TILETUNE_REPLAY_DIR"
 
 
 def kernel_errors_as_bad_input(
@@ -54,21 +52,23 @@ def kernel_errors_as_bad_input(
     return run
 
 
-def parse_config(spec: KernelSpec, text: str, shape: Shape) -> Config:
-    """A ``--config`` JSON object validated against the kernel's space for ``shape``."""
+def parse_config(spec: KernelSpec, text: str, shape: Shape, limits: DeviceLimits) -> Config:
+    """A ``--config`` JSON object validated against the kernel's space for ``shape`` on a chip of
+    ``limits``."""
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as error:
         raise BadInputError("config", f"not valid JSON ({error.msg}): {text!r}") from None
     if not isinstance(raw, dict):
         raise BadInputError("config", f"must be a JSON object of knob values, got {text!r}")
-    return spec.parse_config(raw, shape)
+    return spec.parse_config(raw, shape, limits)
 
 
 def _kernel_inputs(args: argparse.Namespace) -> tuple[KernelSpec, Shape, str, Device]:
     from tiletune.kernels import get_kernel
+    from tiletune.kernels.declaration import parse_dims
     from tiletune.kernels.device import get_device
-    from tiletune.kernels.spec import parse_dims, torch_dtype
+    from tiletune.kernels.spec import torch_dtype
 
     for option in ("shape", "dtype"):
         if getattr(args, option) is None:
@@ -87,12 +87,14 @@ def _format_config(config: Config) -> str:
 
 
 def _kernel_source(name: str) -> str:
-    from tiletune.kernels.registry import ENTRY_POINT_GROUP, builtin_kernels
-    from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, REPLAY_PREFIX, registered_replay_kernels
+    from tiletune.kernels.declarations import KERNELS_ENTRY_POINT_GROUP
+    from tiletune.kernels.registry import builtin_kernels
+    from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, REPLAY_PREFIX
+    from tiletune.kernels.replay.spec import registered_replay_kernels
 
     if name.startswith(REPLAY_PREFIX) and name in registered_replay_kernels():
         return f"replay (${REPLAY_KERNELS_ENV})"
-    return "builtin" if name in builtin_kernels() else f"plugin ({ENTRY_POINT_GROUP})"
+    return "builtin" if name in builtin_kernels() else f"plugin ({KERNELS_ENTRY_POINT_GROUP})"
 
 
 @kernel_errors_as_bad_input
@@ -152,7 +154,7 @@ def _tune_text(report: TuneReport) -> str:
 
 
 def _replay_space(args: argparse.Namespace) -> ReplaySpace:
-    from tiletune.kernels.recorded import ReplayError, replay_spaces
+    from tiletune.kernels.replay.recorded import ReplayError, replay_spaces
     from tiletune.tuner.measure.replay import load_replay
 
     if args.shape is not None or args.dtype is not None:
@@ -209,7 +211,7 @@ def cmd_bench(args: argparse.Namespace) -> None:
     from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
 
     spec, shape, dtype, device = _kernel_inputs(args)
-    configs = [parse_config(spec, text, shape) for text in args.config]
+    configs = [parse_config(spec, text, shape, device.chip.limits) for text in args.config]
     default = spec.default_config(shape, dtype, device.chip.limits)
     bench = KernelBench(spec, shape, dtype, device)
     results = [row.as_dict() for row in compare_with_vendor(bench, configs, default)]

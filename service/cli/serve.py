@@ -55,7 +55,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The worker's backend whose device is a recorded space (``tiletune.kernels.replay_kernels``).
+#: The worker's backend whose device is a recorded space (``tiletune.kernels.replay.spec``).
 REPLAY_BACKEND = "replay"
 
 DEFAULT_HOST = "127.0.0.1"
@@ -292,7 +292,7 @@ def _replay_device(args: argparse.Namespace) -> Device | None:
     from tiletune.kernels.device import ReplayDevice
     from tiletune.kernels.errors import InputError
     from tiletune.kernels.registry import kernels_for
-    from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV
+    from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV
 
     if not kernels_for(REPLAY_BACKEND):
         raise BadInputError(

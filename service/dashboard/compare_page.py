@@ -26,7 +26,7 @@ from sqlalchemy import ColumnElement, Select, Subquery, and_, case, func, select
 from sqlalchemy.orm import Session, aliased
 
 from tiletune.client.wire import MAX_DB_INT
-from tiletune.kernels import all_kernels
+from tiletune.kernels import all_declarations
 from tiletune.service.dashboard.render import LOG_AXIS, figure, format_ms, render, shape_url
 from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, sort_key
@@ -359,7 +359,7 @@ def compare_page(
         "comparison": comparison,
         "chart": compare_chart(table, comparison) if comparison is not None else None,
         "chips": chips,
-        "kernels": sorted(all_kernels()),
+        "kernels": sorted(all_declarations()),
         "software": software,
         "a": a or "",
         "b": b or "",

@@ -24,10 +24,10 @@ from urllib.parse import urlencode
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import LIVE_JOB_STATES
+from tiletune.client.wire import ANY_BACKEND, LIVE_JOB_STATES
 from tiletune.service.dashboard.job_charts import (
     CHART_IDS,
     TrialTuple,
@@ -60,7 +60,7 @@ _HEADER_COLUMNS = (
     JobRow.shape_key,
     JobRow.dtype,
     job_chip,
-    JobRow.backend,
+    func.coalesce(JobRow.backend, ANY_BACKEND).label("backend"),
     JobRow.strategy,
     JobRow.state,
     JobRow.trials,
@@ -93,6 +93,27 @@ _TRIAL_COLUMNS = (
 )
 
 
+#: The columns of the ``trials`` download; the page's trial tables show some of them.
+_TRIAL_TABLE_COLUMNS = (
+    Column("number", "Trial", "number"),
+    Column("phase", "Phase"),
+    Column("state", "State"),
+    Column("config", "Config", "config"),
+    Column("median_ms", "Median", "ms"),
+    Column("p10_ms", "p10", "ms"),
+    Column("p90_ms", "p90", "ms"),
+    Column("samples", "Samples", "number"),
+    Column("reason", "Reason"),
+    Column("told_at", "Told", "when"),
+)
+_TRIAL_TABLE_COLUMN = {column.key: column for column in _TRIAL_TABLE_COLUMNS}
+
+
+def _trial_columns(*keys: str) -> list[Column]:
+    """The columns of :data:`_TRIAL_TABLE_COLUMNS` with these keys, in this order."""
+    return [_TRIAL_TABLE_COLUMN[key] for key in keys]
+
+
 def _row(trial: TrialTuple) -> dict[str, Any]:
     return {**trial._asdict(), "told_at": aware(trial.told_at) if trial.told_at is not None else None}
 
@@ -105,18 +126,6 @@ def _trial_tables(
     ``trials`` holds every trial when ``all_trials`` (its download asks for it), else no row:
     a page never turns thousands of trials into table rows it does not show.
     """
-    trial_columns = [
-        Column("number", "Trial", "number"),
-        Column("phase", "Phase"),
-        Column("state", "State"),
-        Column("config", "Config", "config"),
-        Column("median_ms", "Median", "ms"),
-        Column("p10_ms", "p10", "ms"),
-        Column("p90_ms", "p90", "ms"),
-        Column("samples", "Samples", "number"),
-        Column("reason", "Reason"),
-        Column("told_at", "Told", "when"),
-    ]
     failures = [_row(t) for t in trials if t.state in ("failed", "invalid")]
     validation = [
         _row(t)
@@ -132,34 +141,31 @@ def _trial_tables(
         {**_row(t), "speedup": speedup(default_ms, t.median_ms)}
         for t in sorted(measured, key=lambda t: t.median_ms or 0.0)[:TOP]
     ]
-    pick_columns = {column.key: column for column in trial_columns}
-
-    def columns(*keys: str) -> list[Column]:
-        return [pick_columns[key] for key in keys]
-
     return {
         "failures": Table(
             "failures",
-            columns("number", "phase", "state", "config", "reason", "told_at"),
+            _trial_columns("number", "phase", "state", "config", "reason", "told_at"),
             failures,
             empty="no trial failed or was invalid",
         ),
         "validation": Table(
             "validation",
-            [*columns("config", "state", "median_ms", "p10_ms", "p90_ms", "samples", "reason")],
+            _trial_columns("config", "state", "median_ms", "p10_ms", "p90_ms", "samples", "reason"),
             validation,
             empty="not validated yet: the best configs are re-measured, interleaved, when the search ends",
         ),
         "top": Table(
             "top",
             [
-                *columns("number", "config", "median_ms", "p10_ms", "p90_ms"),
+                *_trial_columns("number", "config", "median_ms", "p10_ms", "p90_ms"),
                 Column("speedup", "vs default", "speedup"),
             ],
             top,
             empty="no trial measured yet",
         ),
-        "trials": Table("trials", trial_columns, [_row(t) for t in trials] if all_trials else []),
+        "trials": Table(
+            "trials", list(_TRIAL_TABLE_COLUMNS), [_row(t) for t in trials] if all_trials else []
+        ),
     }
 
 

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from sqlalchemy.orm import Session
 
-from tiletune.kernels import KernelSpec
+from tiletune.kernels import KernelDeclaration
 from tiletune.service.best_configs import (
     SORTS,
     BestFilters,
@@ -84,7 +84,7 @@ COLUMNS = (
 
 
 def best_table(
-    session: Session, spec: KernelSpec, where: BestFilters, page: Paging, sort: str | None
+    session: Session, spec: KernelDeclaration, where: BestFilters, page: Paging, sort: str | None
 ) -> Table:
     """One page of the kernel's best configs (see the module docstring)."""
     name, descending = sort_key(sort, list(SORTS), DEFAULT_SORT)
@@ -134,7 +134,7 @@ def best_table(
     )
 
 
-def chips_table(session: Session, spec: KernelSpec) -> Table:
+def chips_table(session: Session, spec: KernelDeclaration) -> Table:
     """Per chip: keys tuned, how many are stale, and the median speedup over the default."""
     columns = [
         Column("chip", "Chip"),

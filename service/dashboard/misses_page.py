@@ -10,7 +10,7 @@
   live job and the form "Queue a sweep for the selected": ``POST /misses/queue`` with ``csrf``,
   ``miss`` (repeated: miss ids, at most :data:`MAX_SELECTED`), ``trials`` (default: the
   server's ``miss_trials``) and the page's filters. It queues one sweep with one job per
-  chosen key (:func:`tiletune.service.misses.queue_selected`, one write transaction) and sends
+  chosen key (:func:`tiletune.service.selected_misses.queue_selected`, one write transaction) and sends
   the browser back to the page, filters kept, with ``queued=SWEEP`` (and ``live``, ``stale``:
   how many chosen misses it left alone) where a notice lists the new jobs. A reader sees neither the
   checkboxes nor the form, and a reader's POST is refused (403), as is one without the page's
@@ -29,7 +29,7 @@ from sqlalchemy import ColumnElement, Select, and_, func, or_, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import LIVE_JOB_STATES, MAX_DB_INT, Role
-from tiletune.kernels import all_kernels
+from tiletune.kernels import all_declarations
 from tiletune.service.auth import require
 from tiletune.service.dashboard.render import render, shape_url
 from tiletune.service.dashboard.session import ViewerDep, read_form
@@ -47,8 +47,8 @@ from tiletune.service.dashboard.tables import (
 from tiletune.service.database import aware
 from tiletune.service.dependencies import DatabaseDep, SettingsDep
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.misses import SelectedQueued, queue_selected
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, MissRow
+from tiletune.service.selected_misses import SelectedQueued, queue_selected
 from tiletune.service.specs import lookup_kernel
 
 router = APIRouter(include_in_schema=False)
@@ -87,7 +87,7 @@ COLUMNS = [
 
 def _current_versions(kernel: str | None) -> ColumnElement[bool]:
     """Misses of the registry's versions of the kernels (of ``kernel`` alone when given)."""
-    specs = [lookup_kernel(kernel)] if kernel else list(all_kernels().values())
+    specs = [lookup_kernel(kernel)] if kernel else list(all_declarations().values())
     return or_(*(and_(MissRow.kernel == s.name, MissRow.kernel_version == s.version) for s in specs))
 
 
@@ -218,7 +218,7 @@ def misses_page(
         notice_jobs = queued_jobs(session, queued) if queued is not None else []
     context = {
         "table": table,
-        "kernels": sorted(all_kernels()),
+        "kernels": sorted(all_declarations()),
         "chips": chips,
         "kernel": kernel or "",
         "chip": chip or "",

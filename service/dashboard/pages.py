@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func
 
-from tiletune.kernels import KernelSpec, all_kernels
+from tiletune.kernels import KernelDeclaration, all_declarations
 from tiletune.kernels.peaks import peak_fraction, peak_of
 from tiletune.service.errors import NotFoundError
 from tiletune.service.models import ChipRow, JobRow
@@ -22,9 +22,9 @@ from tiletune.service.models import ChipRow, JobRow
 job_chip = func.coalesce(ChipRow.name, JobRow.chip_target).label("chip")
 
 
-def kernel_spec(name: str) -> KernelSpec:
+def kernel_spec(name: str) -> KernelDeclaration:
     """The registered kernel ``name`` (replay kernels too, when enabled); 404 naming ``kernel`` otherwise."""
-    spec = all_kernels().get(name)
+    spec = all_declarations().get(name)
     if spec is None:
         raise NotFoundError(f"no kernel {name!r} is registered here", field="kernel")
     return spec
@@ -58,7 +58,7 @@ class Throughput:
 
 
 def throughput(
-    spec: KernelSpec, shape: dict[str, int], dtype: str, chip: str, median_ms: float
+    spec: KernelDeclaration, shape: dict[str, int], dtype: str, chip: str, median_ms: float
 ) -> Throughput:
     """The achieved rates of a best config (a kernel whose counts fail on a shape counts none)."""
     if median_ms <= 0:

@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
 from tiletune.client.wire import DTYPES
-from tiletune.kernels import KernelSpec, Shape
+from tiletune.kernels import KernelDeclaration, Shape
 from tiletune.service.best_configs import key_bests, stale_reason
 from tiletune.service.dashboard.pages import kernel_spec, readable, short_fingerprint, throughput
 from tiletune.service.dashboard.render import LOG_AXIS, figure, render, shape_url, speedup
@@ -61,7 +61,7 @@ LOG_SPREAD = 20.0
 class Key:
     """What a shape page shows: the spec, the parsed shape, its canonical text, the dtype, a chip or all."""
 
-    spec: KernelSpec
+    spec: KernelDeclaration
     shape: Shape
     shape_key: str
     dtype: str

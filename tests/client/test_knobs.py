@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tiletune.client.knobs import adapt, allowed_values, config_problem, structure_problem
 from tiletune.client.wire import KernelInfo
 from tiletune.kernels import KernelSpec, all_kernels
-from tiletune.kernels.spec import Shape
+from tiletune.kernels.declaration import Shape
 from tiletune.service.specs import kernel_info
 
 KERNELS = sorted(all_kernels())

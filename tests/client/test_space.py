@@ -25,9 +25,9 @@ from tiletune.client.space import (
     pow2_up_to,
 )
 from tiletune.kernels import all_kernels
-from tiletune.kernels.add import AddSpec
-from tiletune.kernels.spec import Shape
-from tiletune.kernels.triton_spec import TritonSpec
+from tiletune.kernels.add.portable import AddSpec
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.triton.spec import TritonSpec
 from tiletune.service.specs import kernel_info
 
 

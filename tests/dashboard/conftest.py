@@ -29,7 +29,7 @@ from playwright.sync_api import Browser
 
 from tests.credentials import ADMIN_TOKEN
 from tests.service.processes import ServerProcess, spawn, start_server, start_worker, stop
-from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV, variant_sweep
+from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, variant_sweep
 
 from .browser import chromium
 

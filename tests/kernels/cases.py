@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from tiletune.kernels.spec import KernelSpec, Shape
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.spec import KernelSpec
 
 CPU = torch.device("cpu")
 

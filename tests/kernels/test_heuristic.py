@@ -6,10 +6,12 @@ import itertools
 
 import pytest
 
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ConfigError, ShapeError
-from tiletune.kernels.registry import BUILTIN_MODULES, builtin_kernels
-from tiletune.kernels.spec import DeviceLimits, Shape
+from tiletune.kernels.registry import builtin_kernels
+from tiletune.kernels.spec import DeviceLimits
 
 KERNELS = builtin_kernels()
 LIMITS = DeviceLimits(local_memory_bytes=1024 * 1024)
@@ -127,7 +129,7 @@ def test_default_follows_the_hand_written_rule(
     assert KERNELS[name].default_config(shape, "float32", limits) == expected
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_default_is_a_member_of_the_knob_values_and_valid_here(name: str, dtype: str) -> None:
     spec = KERNELS[name]
@@ -138,7 +140,7 @@ def test_default_is_a_member_of_the_knob_values_and_valid_here(name: str, dtype:
         assert default in spec.space(shape, dtype, cpu_chip().limits)
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_space_holds_exactly_the_valid_configs(name: str) -> None:
     spec = KERNELS[name]
     limits = DeviceLimits(local_memory_bytes=64 * 1024, max_buffer_num=3)
@@ -159,7 +161,7 @@ def largest(name: str, shape: Shape, buffer_num: int, depth: int) -> dict[str, i
     return {**config, "buffer_num": buffer_num, "pipeline_depth": depth}
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_constraints_reject_with_a_reason(name: str) -> None:
     spec = KERNELS[name]
     shape = TYPICAL[name][0]
@@ -173,7 +175,7 @@ def test_constraints_reject_with_a_reason(name: str) -> None:
     assert "exceeds the chip's 2 buffers" in (spec.invalid_reason(many, shape, "float32", two_buffers) or "")
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_working_set_counts_every_buffer_slot(name: str) -> None:
     spec = KERNELS[name]
     shape = TYPICAL[name][0]

@@ -9,18 +9,22 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
-from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, TRITON_MODULES, builtin_kernels
-from tiletune.kernels.spec import Shape
+from tiletune.kernels.registry import builtin_kernels
 
 from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
+
+TRITON_KERNELS = tuple(f"triton_{kernel}" for kernel in BUILTIN_KERNELS)
+NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
 
 
 def test_every_builtin_module_exposes_a_versioned_spec() -> None:
-    assert list(KERNELS) == [*BUILTIN_MODULES, *TRITON_MODULES, *NATIVE_MODULES]
+    assert list(KERNELS) == [*BUILTIN_KERNELS, *TRITON_KERNELS, *NATIVE_KERNELS]
     for spec in KERNELS.values():
         assert spec.version == 1
         family = spec.name.split("_")[0]
@@ -28,7 +32,7 @@ def test_every_builtin_module_exposes_a_versioned_spec() -> None:
         assert spec.backends() == expected
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
     spec = KERNELS[name]
     rng = random.Random(name)
@@ -40,7 +44,7 @@ def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
     spec = KERNELS[name]
     shape = SHAPES[name][1]
@@ -62,7 +66,7 @@ def shapes_and_configs(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int
     return shape, config, dtype
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_random_shapes_and_valid_configs_match_the_reference(name: str) -> None:
     @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(case=shapes_and_configs(name))
@@ -73,7 +77,7 @@ def test_random_shapes_and_valid_configs_match_the_reference(name: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_inputs_are_deterministic_per_seed(name: str) -> None:
     spec = KERNELS[name]
     shape = SHAPES[name][1]
@@ -82,7 +86,7 @@ def test_inputs_are_deterministic_per_seed(name: str) -> None:
     assert not torch.equal(first[0], other[0])
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_flops_and_bytes_are_positive_and_grow_with_the_shape(name: str) -> None:
     spec = KERNELS[name]
     small, large = SHAPES[name][0], SHAPES[name][-1]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import logging
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,11 +14,12 @@ import pytest
 import torch
 
 from tiletune.kernels import launch, select_config, tiled
+from tiletune.kernels.declaration import Config, Shape, element_size
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import DTypeError, InputError, ShapeError
 from tiletune.kernels.launcher import ConfigSource
 from tiletune.kernels.registry import builtin_kernels
-from tiletune.kernels.spec import Config, DeviceLimits, Dim, KernelSpec, Knob, Shape, element_size
+from tiletune.kernels.spec import DeviceLimits, Dim, KernelSpec, Knob
 
 CPU = torch.device("cpu")
 KERNELS = builtin_kernels()
@@ -294,13 +296,10 @@ def test_a_plugin_without_shape_of_gets_a_clear_error() -> None:
 
 
 def load_gelu_plugin() -> ModuleType:
-    """The example plugin's module, loaded from its source (it is not installed here)."""
-    spec = importlib.util.spec_from_file_location("tiletune_example_gelu", GELU_PLUGIN / "__init__.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The example plugin's spec module, imported from its source folder (it is not installed here)."""
+    if str(GELU_PLUGIN.parent) not in sys.path:
+        sys.path.append(str(GELU_PLUGIN.parent))
+    return importlib.import_module("tiletune_example_gelu.spec")
 
 
 def test_the_example_plugin_launches_with_its_shape_of() -> None:
@@ -319,3 +318,16 @@ def test_a_config_client_shaped_source_satisfies_the_protocol() -> None:
     """Static check (mypy): the test sources are ConfigSources, keyword-only or not."""
     sources: list[ConfigSource] = [FixedSource({}), BrokenSource()]
     assert len(sources) == 2
+
+
+def test_a_native_config_over_every_core_of_this_cpu_is_taken_as_given() -> None:
+    """``block_dim`` runs up to the cores this CPU's limits report: a client's config that spreads
+    the tiles over all of them is the client's, not refused for the default."""
+    cores = cpu_chip().limits.cores
+    assert cores is not None
+    config = {"tile_size": 256, "block_dim": cores, "buffer_num": 2, "pipeline_depth": 2}
+    x = torch.randn(1 << 16)
+    selection = select_config("native_add", x, x, client=FixedSource(config))
+
+    assert selection.source == "client", selection.reason
+    assert selection.config == config

@@ -13,14 +13,19 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tiletune.client.space import DeviceLimits
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import CpuDevice, cpu_chip
-from tiletune.kernels.native_build import native_status
-from tiletune.kernels.native_spec import NATIVE_BACKEND, NativeSpec, all_cores, preferred_backend
-from tiletune.kernels.registry import BUILTIN_MODULES, NATIVE_MODULES, builtin_kernels
-from tiletune.kernels.spec import Shape
+from tiletune.kernels.native.build import native_status
+from tiletune.kernels.native.space import NATIVE_BACKEND
+from tiletune.kernels.native.spec import NativeSpec, all_cores, preferred_backend
+from tiletune.kernels.registry import builtin_kernels
 from tiletune.tuner.measure.bench import KernelBench
 
 from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
+
+NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
@@ -41,10 +46,10 @@ def native(name: str) -> NativeSpec:
 
 
 def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
-    for name in BUILTIN_MODULES:
+    for name in BUILTIN_KERNELS:
         spec = native(name)
         portable = KERNELS[name]
-        assert spec.name in NATIVE_MODULES
+        assert spec.name in NATIVE_KERNELS
         assert spec.backends() == (NATIVE_BACKEND,)
         assert spec.supports("cpu")
         assert not spec.supports("cuda")
@@ -58,7 +63,7 @@ def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
         assert preferred_backend(portable, "cuda") == "torch"
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
     spec = native(name)
     rng = random.Random(name)
@@ -70,7 +75,7 @@ def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
     spec = native(name)
     rng = random.Random(f"{name}/{dtype}")
@@ -94,7 +99,7 @@ def shape_and_config(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int]]
     return shape, draw(st.sampled_from(space))
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(shape_and_config(name))
@@ -105,7 +110,7 @@ def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("name", BUILTIN_MODULES)
+@pytest.mark.parametrize("name", BUILTIN_KERNELS)
 def test_the_portable_kernels_native_implementation_runs_their_configs(name: str) -> None:
     portable = KERNELS[name]
     for shape in SHAPES[name]:
@@ -131,7 +136,7 @@ def test_more_cores_than_tiles_is_invalid_and_the_default_never_idles_a_core() -
         reason = spec.invalid_reason(one_tile, shape, "float32", LIMITS)
         assert reason is not None
         assert "block_dim=2" in reason
-    for name in BUILTIN_MODULES:
+    for name in BUILTIN_KERNELS:
         for shape in SHAPES[name]:
             kernel = native(name)
             default = kernel.default_config(shape, "float32", LIMITS)
@@ -139,10 +144,18 @@ def test_more_cores_than_tiles_is_invalid_and_the_default_never_idles_a_core() -
             assert kernel.invalid_reason(default, shape, "float32", LIMITS) is None
 
 
-def test_block_dim_spans_one_to_all_cores() -> None:
-    values = native("add").knob_values({"n": 1 << 20})["block_dim"]
+def test_block_dim_spans_one_to_the_cores_this_cpu_reports() -> None:
+    values = native("add").knob_values({"n": 1 << 20}, cpu_chip().limits)["block_dim"]
     assert values[0] == 1
     assert values[-1] == all_cores()
+    assert cpu_chip().limits.cores == all_cores()
+
+
+def test_block_dim_is_one_core_where_the_chip_reports_none() -> None:
+    """A space never depends on the machine that plans it: no cores known, one core."""
+    assert native("add").knob_values({"n": 1 << 20})["block_dim"] == (1,)
+    no_cores = DeviceLimits(local_memory_bytes=LIMITS.local_memory_bytes)
+    assert native("add").default_config({"n": 1 << 20}, "float32", no_cores)["block_dim"] == 1
 
 
 def test_every_knob_changes_nothing_but_the_speed_causal_and_not() -> None:

@@ -8,13 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tiletune.kernels.native_build import CACHE_ENV, ERROR_FILE, build_key
+from tiletune.kernels.native.build import CACHE_ENV, ERROR_FILE, build_key
 
 PROBE = """
 import json, sys
 from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.registry import all_kernels
-from tiletune.kernels.native_build import native_status
+from tiletune.kernels.native.build import native_status
 kernels = all_kernels()
 spec = kernels["native_add"]
 try:
@@ -71,7 +71,7 @@ def test_a_failed_build_reports_the_compilers_reason(tmp_path: Path) -> None:
 
 def test_the_build_key_changes_with_the_sources(tmp_path: Path) -> None:
     code = (
-        "import tiletune.kernels.native_build as b, pathlib, shutil, sys\n"
+        "import tiletune.kernels.native.build as b, pathlib, shutil, sys\n"
         "src = pathlib.Path(sys.argv[1]); shutil.copytree(b.SOURCE_DIR, src)\n"
         "before = b.build_key(); b.build_key.cache_clear(); b.SOURCE_DIR = src\n"
         "(src / 'add.cpp').write_text((src / 'add.cpp').read_text() + '// changed\\n')\n"

@@ -11,8 +11,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from tiletune.kernels import add, fused_attention, matmul, softmax
+from tiletune.kernels.add import portable as add
+from tiletune.kernels.fused_attention import portable as fused_attention
+from tiletune.kernels.matmul import portable as matmul
 from tiletune.kernels.pipeline import Slots, TiledLoop, check_pipeline, execute, tracing
+from tiletune.kernels.softmax import portable as softmax
 
 CPU = torch.device("cpu")
 PIPELINES = [(1, 1), (2, 1), (2, 2), (3, 2), (4, 2), (2, 3), (3, 3), (4, 3)]

@@ -19,20 +19,24 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tiletune.kernels import triton_spec
+from tiletune.kernels.declaration import Config, Shape
+from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import CpuDevice, ascend_limits
 from tiletune.kernels.errors import DeviceUnavailableError
-from tiletune.kernels.registry import BUILTIN_MODULES, TRITON_MODULES, builtin_kernels
-from tiletune.kernels.spec import Config, DeviceLimits, Shape
-from tiletune.kernels.triton_spec import INTERPRET_ENV, TritonSpec, triton_installed
+from tiletune.kernels.registry import builtin_kernels
+from tiletune.kernels.spec import DeviceLimits
+from tiletune.kernels.triton import spec as triton_spec
+from tiletune.kernels.triton.spec import INTERPRET_ENV, TritonSpec, triton_installed
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+
+TRITON_KERNELS = tuple(f"triton_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 
 
 def triton_specs() -> dict[str, TritonSpec]:
     specs: dict[str, TritonSpec] = {}
-    for name in TRITON_MODULES:
+    for name in TRITON_KERNELS:
         spec = KERNELS[name]
         assert isinstance(spec, TritonSpec), name
         specs[name] = spec
@@ -136,7 +140,7 @@ def bench(name: str, shape: Shape, dtype: str) -> KernelBench:
 
 @needs_triton
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-@pytest.mark.parametrize("name", TRITON_MODULES)
+@pytest.mark.parametrize("name", TRITON_KERNELS)
 def test_configs_match_the_reference_on_shapes_blocks_do_not_divide(name: str, dtype: str) -> None:
     spec = SPECS[name]
     for shape, configs in CASES[name]:
@@ -263,7 +267,7 @@ def test_working_sets_follow_the_documented_formulas(
     )
 
 
-@pytest.mark.parametrize("name", TRITON_MODULES)
+@pytest.mark.parametrize("name", TRITON_KERNELS)
 def test_a_small_local_memory_leaves_only_configs_that_fit(name: str) -> None:
     spec = SPECS[name]
     shape, _ = CASES[name][-1]
@@ -290,7 +294,7 @@ def test_num_stages_needs_a_loop_to_pipeline() -> None:
     )
 
 
-@pytest.mark.parametrize("name", TRITON_MODULES)
+@pytest.mark.parametrize("name", TRITON_KERNELS)
 def test_npu_rejects_warps_and_more_than_double_buffering(name: str) -> None:
     spec = SPECS[name]
     shape, configs = CASES[name][-1]
@@ -375,7 +379,7 @@ def test_default_is_the_hand_written_rule_on_the_triton_knobs(
     assert spec.invalid_reason(on_npu, shape, dtype, NPU) is None
 
 
-@pytest.mark.parametrize("name", TRITON_MODULES)
+@pytest.mark.parametrize("name", TRITON_KERNELS)
 def test_default_is_valid_on_every_test_shape(name: str) -> None:
     spec = SPECS[name]
     for shape, _ in CASES[name]:
@@ -403,7 +407,7 @@ def test_supports_cuda_with_triton_cpu_only_in_the_interpreter_npu_with_triton_a
     assert not spec.supports("tpu")
     monkeypatch.setattr(triton_spec, "triton_installed", lambda: False)
     assert not spec.supports("cuda")
-    for name in BUILTIN_MODULES:  # the portable kernels run everywhere
+    for name in BUILTIN_KERNELS:  # the portable kernels run everywhere
         assert all(KERNELS[name].supports(kind) for kind in ("cpu", "cuda", "npu"))
 
 
@@ -459,10 +463,11 @@ def test_specs_import_list_and_constrain_without_triton() -> None:
         import torch
         from tiletune.kernels.device import cpu_chip
         from tiletune.kernels.errors import DeviceUnavailableError
-        from tiletune.kernels.registry import TRITON_MODULES, builtin_kernels
+        from tiletune.kernels.declarations import BUILTIN_KERNELS
+        from tiletune.kernels.registry import builtin_kernels
 
         kernels = builtin_kernels()
-        for name in TRITON_MODULES:
+        for name in (f"triton_{kernel}" for kernel in BUILTIN_KERNELS):
             spec = kernels[name]
             assert not any(spec.supports(kind) for kind in ("cpu", "cuda", "npu")), name
         spec = kernels["triton_add"]
@@ -509,7 +514,8 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
     result = run_python(
         """
         from tiletune.kernels.device import get_device
-        from tiletune.kernels.registry import TRITON_MODULES, builtin_kernels
+        from tiletune.kernels.declarations import BUILTIN_KERNELS
+        from tiletune.kernels.registry import builtin_kernels
         from tiletune.tuner.measure.bench import KernelBench
 
         device = get_device("cuda")
@@ -522,7 +528,7 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
                 "batch": 2, "heads": 4, "seq_q": 300, "seq_kv": 500, "head_dim": 64, "causal": 1
             },
         }
-        for name in TRITON_MODULES:
+        for name in (f"triton_{kernel}" for kernel in BUILTIN_KERNELS):
             spec, shape = builtin_kernels()[name], shapes[name]
             for dtype in ("float32", "float16", "bfloat16"):
                 bench = KernelBench(spec, shape, dtype, device)

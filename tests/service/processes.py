@@ -4,7 +4,8 @@ Everything runs the installed console script (``.venv/bin/tiletune``), so these 
 also check the entry point. Each process writes stdout and stderr to a log file under
 the test's folder; a failing wait raises with the log's tail, so a failure says why.
 
-- :func:`start_server` runs ``tiletune server --db URL --port P`` with :data:`FAST_LEASES`
+- :func:`start_server` runs ``tiletune server --db URL --port P`` from the server's own install
+  (``.venv-server``: the ``[server]`` extra, no torch) with :data:`FAST_LEASES`
   (leases of 4 s, heartbeats every 1 s, reaping every 1 s) and waits until ``/healthz``
   answers. Starting it again with the same ``db_url`` and ``port`` is a server restart.
 - :func:`start_worker` runs ``tiletune worker --server URL --backend cpu`` (one torch
@@ -46,6 +47,10 @@ from tests.credentials import ADMIN_TOKEN
 
 #: The console script under test (the venv's, beside the running interpreter).
 TILETUNE = str(Path(sys.executable).parent / "tiletune")
+#: The server's console script: the install a deployment makes, ``pip install -e ".[server]"`` in
+#: ``.venv-server`` (``make setup``), which holds no torch: every end-to-end test runs its server so.
+SERVER_VENV = Path(__file__).resolve().parents[2] / ".venv-server"
+SERVER_TILETUNE = str(SERVER_VENV / "bin" / "tiletune")
 
 #: Short leases so a dead worker's job returns to the queue within seconds.
 FAST_LEASES = {"TILETUNE_LEASE_S": "4", "TILETUNE_HEARTBEAT_S": "1", "TILETUNE_REAP_INTERVAL_S": "1"}
@@ -79,13 +84,13 @@ def log_tail(path: Path, lines: int = 40) -> str:
 
 
 def spawn(
-    args: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None
+    args: Sequence[str], log_path: Path, env: Mapping[str, str] | None = None, program: str = TILETUNE
 ) -> subprocess.Popen[bytes]:
-    """``tiletune ARGS`` in the background, stdout and stderr appended to ``log_path``."""
+    """``tiletune ARGS`` (``program``) in the background, stdout and stderr appended to ``log_path``."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         return subprocess.Popen(
-            [TILETUNE, *args],
+            [program, *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -134,15 +139,19 @@ def start_server(
     env: Mapping[str, str] | None = None,
     log_name: str = "server.log",
 ) -> ServerProcess:
-    """``tiletune server`` on ``db_url`` (default: ``folder/t.db``) and ``port`` (default: a free one).
+    """``tiletune server`` (the torch-free install's, :data:`SERVER_TILETUNE`) on ``db_url`` (default:
+    ``folder/t.db``) and ``port`` (default: a free one).
 
     Runs with :data:`FAST_LEASES` (``env`` overrides) and returns once ``/healthz`` answers.
     Call again with the returned ``db_url`` and ``port`` to restart a stopped server.
     """
+    if not Path(SERVER_TILETUNE).exists():
+        raise FileNotFoundError(f"{SERVER_TILETUNE} is missing: `make setup` installs the server's venv")
     db_url = db_url or f"sqlite:///{folder / 't.db'}"
     port = port or free_port()
     log_path = folder / log_name
-    process = spawn(["server", "--db", db_url, "--port", str(port)], log_path, {**FAST_LEASES, **(env or {})})
+    server_env = {**FAST_LEASES, **(env or {})}
+    process = spawn(["server", "--db", db_url, "--port", str(port)], log_path, server_env, SERVER_TILETUNE)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for_health(url, process, log_path, START_TIMEOUT_S)

@@ -1,6 +1,7 @@
 """Request bodies: each route's cap, JSON structure bounded before validation, large bodies checked
 off the event loop, only from callers the route takes, and a deadline for a body (and a head) to
-arrive (:mod:`tiletune.service.bodies`, :func:`tiletune.service.cli.serve.head_timeout_protocol`).
+arrive (:mod:`tiletune.service.bodies`, :mod:`tiletune.service.body_json`,
+:func:`tiletune.service.cli.serve.head_timeout_protocol`).
 
 The caps are measured here: the largest body each route's wire model accepts (compact JSON,
 every text at its length limit in 4-byte characters) must fit its cap, and the cap must not be
@@ -38,17 +39,8 @@ from tiletune.client.wire import (
     software_text,
 )
 from tiletune.service.app import create_app
-from tiletune.service.bodies import (
-    MAX_DEPTH,
-    MAX_ELEMENTS,
-    MAX_KEYS,
-    NO_BODY_BYTES,
-    ROUTE_BODIES,
-    SMALL_BODY_BYTES,
-    BodyRefusedError,
-    check_structure,
-    route_body,
-)
+from tiletune.service.bodies import NO_BODY_BYTES, ROUTE_BODIES, SMALL_BODY_BYTES, route_body
+from tiletune.service.body_json import MAX_DEPTH, MAX_ELEMENTS, MAX_KEYS, BodyRefusedError, check_structure
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 

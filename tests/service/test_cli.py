@@ -39,8 +39,8 @@ from tests.service.processes import (
 )
 from tiletune.client.calls import ServerRefusedError
 from tiletune.client.wire import BestConfigPublic, ConfigBundle, JobPublic, LookupPublic, SweepPublic
+from tiletune.kernels.declaration import parse_dims
 from tiletune.kernels.device import get_device
-from tiletune.kernels.spec import parse_dims
 from tiletune.service.cli import main
 from tiletune.service.cli.options import service_api
 

@@ -19,7 +19,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.credentials import ADMIN
-from tiletune.kernels.replay_kernels import REPLAY_KERNELS_ENV
+from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV
 from tiletune.service.database import normalize_url
 
 from .conftest import POSTGRES_ADMIN_URL, postgres_database

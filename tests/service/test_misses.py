@@ -133,7 +133,7 @@ def test_reaching_the_threshold_queues_one_job_that_a_worker_leases(client: Test
     assert len(queued) == 1
     job = client.get(f"/v1/jobs/{queued[0]}").json()
     assert (job["kernel"], job["shape"], job["dtype"], job["chip"]) == ("add", SHAPE, "float32", CHIP["name"])
-    assert (job["state"], job["trials"], job["backend"]) == ("queued", TRIALS, "torch")
+    assert (job["state"], job["trials"], job["backend"]) == ("queued", TRIALS, "*")  # chosen at lease
     assert client.get(f"/v1/sweeps/{job['sweep_id']}").json()["name"] == "demand"
     assert listed(client)[0]["job_id"] == job["id"]
 
@@ -141,6 +141,8 @@ def test_reaching_the_threshold_queues_one_job_that_a_worker_leases(client: Test
     leased = lease(client, worker)
     assert leased is not None
     assert leased["job"]["id"] == job["id"]
+    assert leased["job"]["backend"] == "torch"  # the worker reports no backends per kernel
+    assert client.get(f"/v1/jobs/{job['id']}").json()["backend"] == "torch"
     assert report(client, miss(count=THRESHOLD))["queued_jobs"] == [], "the running job covers the key"
     assert [j["id"] for j in jobs(client)] == [job["id"]]
     assert listed(client)[0]["count"] == 3 * THRESHOLD

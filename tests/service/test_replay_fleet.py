@@ -19,13 +19,10 @@ import pytest
 from fastapi.testclient import TestClient
 
 from tests.credentials import ADMIN, ADMIN_SECRET
+from tiletune.kernels.declarations import all_declarations
 from tiletune.kernels.registry import all_kernels
-from tiletune.kernels.replay_kernels import (
-    REPLAY_KERNELS_ENV,
-    ReplayKernelSpec,
-    replay_kernels,
-    variant_sweep,
-)
+from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, variant_sweep
+from tiletune.kernels.replay.spec import ReplayKernelSpec, replay_kernels
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
@@ -49,6 +46,7 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
     """The app in process on SQLite, with the bundled recordings registered as kernels."""
     monkeypatch.setenv(REPLAY_KERNELS_ENV, str(BUNDLED))
     all_kernels.cache_clear()
+    all_declarations.cache_clear()
     url = f"sqlite:///{tmp_path / 'tiletune.db'}"
     upgrade(url)
     settings = Settings(db_url=url, admin_token=ADMIN_SECRET)
@@ -56,6 +54,7 @@ def client(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClie
         yield test_client
     monkeypatch.delenv(REPLAY_KERNELS_ENV)
     all_kernels.cache_clear()
+    all_declarations.cache_clear()
 
 
 def assert_best_is_the_best_recorded_trial(

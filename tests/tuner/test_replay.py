@@ -10,7 +10,7 @@ from typing import Any
 import optuna
 import pytest
 
-from tiletune.kernels.recorded import (
+from tiletune.kernels.replay.recorded import (
     NOT_RECORDED,
     REPLAY_DIR_ENV,
     RecordedFailureError,

@@ -17,18 +17,17 @@ from typing import Any
 
 import pytest
 
+from tiletune.kernels.declarations import all_declarations
 from tiletune.kernels.device import REPLAY_CHIP, ReplayDevice, get_device
 from tiletune.kernels.errors import InputError
-from tiletune.kernels.recorded import NOT_RECORDED, REPLAY_DIR_ENV
 from tiletune.kernels.registry import all_kernels, get_kernel, kernels_for, runs_on
-from tiletune.kernels.replay_kernels import (
-    REPLAY_KERNELS_ENV,
-    VARIANT_SPREAD,
+from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, VARIANT_SPREAD, variant_sweep
+from tiletune.kernels.replay.recorded import NOT_RECORDED, REPLAY_DIR_ENV
+from tiletune.kernels.replay.spec import (
     NotRunnableError,
     ReplayKernelSpec,
     registered_replay_kernels,
     replay_kernels,
-    variant_sweep,
 )
 from tiletune.service.cli.main import main
 from tiletune.tuner.measure.replay_bench import ReplayBench
@@ -82,9 +81,11 @@ def opted_in(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """``$TILETUNE_REPLAY_KERNELS`` names the bundled recordings; the registry is read afresh."""
     monkeypatch.setenv(REPLAY_KERNELS_ENV, str(BUNDLED))
     all_kernels.cache_clear()
+    all_declarations.cache_clear()
     yield
     monkeypatch.delenv(REPLAY_KERNELS_ENV)
     all_kernels.cache_clear()
+    all_declarations.cache_clear()
 
 
 def raw(path: Path) -> dict[str, Any]:
@@ -302,6 +303,7 @@ def test_a_replay_worker_registers_the_replay_chip_with_the_replay_kernels_alone
     assert registration.chip.cores is None  # a replay chip's spaces read no cores
     assert registration.kernels == [PNPOLY]
     assert registration.backends == ["replay"]
+    assert registration.kernel_backends == {PNPOLY: ["replay"]}
     assert registration.kernel_versions == {PNPOLY: 1}
 
 

@@ -9,16 +9,8 @@ from collections.abc import Callable
 import optuna
 import pytest
 
-from tiletune.tuner.search.search import (
-    STRATEGIES,
-    Candidate,
-    Config,
-    PastOutcome,
-    PastTrial,
-    Search,
-    SearchSpace,
-    TpeOptions,
-)
+from tiletune.tuner.search.search import STRATEGIES, Config, Search, SearchSpace, TpeOptions
+from tiletune.tuner.search.trials import Candidate, PastOutcome, PastTrial
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 

@@ -6,18 +6,10 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.declaration import Config, Shape, element_size
 from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
-from tiletune.kernels.spec import (
-    Config,
-    DeviceLimits,
-    Dim,
-    KernelSpec,
-    Knob,
-    Shape,
-    element_size,
-    torch_dtype,
-)
+from tiletune.kernels.spec import DeviceLimits, Dim, KernelSpec, Knob, torch_dtype
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.tune import TuneOptions, tune
 

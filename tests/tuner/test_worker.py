@@ -22,9 +22,9 @@ import torch
 from tiletune.client.api import Backoff
 from tiletune.kernels import get_kernel
 from tiletune.kernels.device import CpuDevice
-from tiletune.kernels.recorded import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
+from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV
+from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
 from tiletune.service.cli import main
-from tiletune.service.cli.local import REPLAY_DIR_ENV
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
 from tiletune.tuner.measure.result import outcome_of, validated_results
 from tiletune.tuner.measure.worker import STOP_REASON, Worker, WorkerRejectedError
@@ -227,6 +227,11 @@ def test_registration_describes_this_chip_and_its_kernels() -> None:
     assert "torch" in body.backends
     assert {"add", "matmul", "fused_attention"} <= set(body.kernels)
     assert body.software["torch"]
+    # what it runs of each kernel, in the kernel's order: the server leases it jobs by these
+    assert body.kernel_backends is not None
+    assert set(body.kernel_backends) == set(body.kernels)
+    assert body.kernel_backends["add"] == list(get_kernel("add").backends())
+    assert body.kernel_backends["add"][0] == "torch"
 
 
 def test_bench_results_map_to_trial_outcomes() -> None:

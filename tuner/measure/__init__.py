@@ -7,6 +7,9 @@ Modules:
 - ``bench``: honest measurement: check against the reference, warm-up, repeated timing,
   interleaved comparison;
 - ``worker``: the worker process that leases jobs from a server and measures them;
+- ``registration``: what a worker tells the server about itself (chip, kernels, backends);
+- ``job_bench``: a leased job's bench, or why this worker cannot run it;
+- ``job_driver``: the ask/measure/tell/validate loop of one leased job;
 - ``heartbeat``: the thread that keeps a worker's lease alive;
 - ``result``: bench results in the wire's terms (trial outcomes, validation results);
 - ``replay_bench``: the bench of a replay worker (``--backend replay``): measurement by lookup;
@@ -16,8 +19,9 @@ Modules:
 - ``progress``: a progress bar on terminals (silent without tqdm).
 
 May import torch (through tiletune.kernels), tiletune.client and tiletune.tuner.search (only
-``tune`` and ``replay``, which run a search locally); never tiletune.service. ``worker``,
-``heartbeat``, ``result``, ``replay_bench`` and ``bench`` import no Optuna, so a worker node
+``tune`` and ``replay``, which run a search locally); never tiletune.service. ``worker`` (with
+``registration``, ``job_bench``, ``job_driver``), ``heartbeat``, ``result``, ``replay_bench`` and
+``bench`` import no Optuna, so a worker node
 needs none (a test checks it); ``progress`` imports nothing of the project (the command line
 uses it on the base install).
 """

@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
+from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
-from tiletune.kernels.native_spec import preferred_backend
-from tiletune.kernels.spec import Config, KernelSpec, Shape
+from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.spec import KernelSpec
 from tiletune.kernels.vendor import vendor_op
 
 

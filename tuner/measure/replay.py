@@ -2,13 +2,13 @@
 by looking it up.
 
 The file format, what its parts mean (the invalid region, measured failures, the valid
-space, the optimum) and the loader are :mod:`tiletune.kernels.recorded`'s; this module adds
+space, the optimum) and the loader are :mod:`tiletune.kernels.replay.recorded`'s; this module adds
 what the search needs: :class:`ReplaySpace`, a recorded space with its
 :meth:`~ReplaySpace.search_space`, and :func:`load_replay`. The format's other names
-(``replay_spaces``, ``ReplayError``, ...) are imported from :mod:`tiletune.kernels.recorded`.
-(The service tunes recorded spaces as kernels instead: :mod:`tiletune.kernels.replay_kernels`.)
+(``replay_spaces``, ``ReplayError``, ...) are imported from :mod:`tiletune.kernels.replay.recorded`.
+(The service tunes recorded spaces as kernels instead: :mod:`tiletune.kernels.replay.spec`.)
 
-Imports ``tiletune.tuner.search.search`` and ``tiletune.kernels.recorded`` (standard library only,
+Imports ``tiletune.tuner.search.search`` and ``tiletune.kernels.replay.recorded`` (standard library only,
 though importing the kernels package loads torch).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tiletune.kernels.recorded import RecordedSpace, load_recorded
+from tiletune.kernels.replay.recorded import RecordedSpace, load_recorded
 from tiletune.tuner.search.search import Config, SearchSpace
 
 __all__ = ["ReplaySpace", "load_replay"]
@@ -26,7 +26,7 @@ __all__ = ["ReplaySpace", "load_replay"]
 
 @dataclass(frozen=True, eq=False)
 class ReplaySpace(RecordedSpace):
-    """A recorded space (:class:`~tiletune.kernels.recorded.RecordedSpace`) a search can run over."""
+    """A recorded space (:class:`~tiletune.kernels.replay.recorded.RecordedSpace`) a search can run over."""
 
     def search_space(self, seeds: Sequence[Config] = ()) -> SearchSpace:
         """The space for :class:`~tiletune.tuner.search.search.Search`.
@@ -40,7 +40,7 @@ class ReplaySpace(RecordedSpace):
 
 
 def load_replay(path: Path | str) -> ReplaySpace:
-    """Load a recorded space for the search (:func:`~tiletune.kernels.recorded.load_recorded`).
+    """Load a recorded space for the search (:func:`~tiletune.kernels.replay.recorded.load_recorded`).
 
     Parsed once per process; raises :class:`ReplayError` naming the path when the file is
     missing, not gzip, not JSON, or not in the expected format.

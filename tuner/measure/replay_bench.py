@@ -1,6 +1,6 @@
 """The replay bench: a :class:`~tiletune.tuner.measure.bench.KernelBench` whose measurement is a lookup.
 
-For a replay kernel (:class:`~tiletune.kernels.replay_kernels.ReplayKernelSpec`) on a replay
+For a replay kernel (:class:`~tiletune.kernels.replay.spec.ReplayKernelSpec`) on a replay
 device (:class:`~tiletune.kernels.device.ReplayDevice`), so the worker drives it exactly like
 a real bench (``evaluate``, ``check``, ``compare``, :func:`~tiletune.tuner.measure.result.validated_results`):
 
@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from tiletune.kernels.declaration import Config
 from tiletune.kernels.device import ReplayDevice
-from tiletune.kernels.recorded import RecordedFailureError
-from tiletune.kernels.replay_kernels import REPLAY_KIND, NotRunnableError, ReplayKernelSpec
-from tiletune.kernels.spec import Config
+from tiletune.kernels.replay.declaration import REPLAY_KIND
+from tiletune.kernels.replay.recorded import RecordedFailureError
+from tiletune.kernels.replay.spec import NotRunnableError, ReplayKernelSpec
 from tiletune.tuner.measure.bench import KernelBench, Measurement, TrialResult
 
 

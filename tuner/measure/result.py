@@ -36,7 +36,7 @@ def outcome_of(trial_id: int, result: TrialResult) -> TrialOutcome:
 def _rejection(bench: KernelBench, config: Config) -> str | None:
     """Why ``config`` cannot be timed (outside the space, invalid, wrong), or None."""
     try:
-        bench.spec.parse_config(config, bench.shape)
+        bench.spec.parse_config(config, bench.shape, bench.device.chip.limits)
     except InputError as error:
         return str(error)
     verdict = bench.check(config)

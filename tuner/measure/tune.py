@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tiletune.client.chip import software_fingerprint
+from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
-from tiletune.kernels.spec import Config, KernelSpec, Shape
+from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
 from tiletune.tuner.measure.replay import ReplaySpace
 from tiletune.tuner.search.finalists import finalists, judge
@@ -173,7 +174,7 @@ def tune(
     limits = device.chip.limits
     default = spec.default_config(shape, dtype, limits)
     space = SearchSpace(
-        knobs=spec.knob_values(shape),
+        knobs=spec.knob_values(shape, limits),
         invalid_reason=lambda config: spec.invalid_reason(config, shape, dtype, limits),
         seeds=[default, *options.seeds],
     )

@@ -7,9 +7,9 @@ Modules:
   as keys and Optuna params), ``strategy`` (the strategies, ``tpe``'s options and schedule),
   ``surrogate`` (the model of which unmeasured configs are likely fast), ``neighbourhood``
   (local search around the best), ``sampler`` (Optuna's TPE, masked to usable configs),
-  ``record`` (what was measured, the ranking, counts), ``outcome`` (trial outcomes in the
-  Optuna study), ``budget`` (when a search stops), ``warm_start`` (seeds from the best configs
-  of other chips);
+  ``record`` (what was measured, the ranking, counts), ``trials`` (what a search hands out and
+  takes back, the trials outstanding), ``outcome`` (trial outcomes in the Optuna study),
+  ``budget`` (when a search stops), ``warm_start`` (seeds from the best configs of other chips);
 - ``finalists``: the finalist and winner policy (local tuning and the server share it);
 - ``quality``: how good a search was on a recorded space (fraction of the optimum, area under
   the best-so-far curve) and the leave-one-device-out choice of settings.

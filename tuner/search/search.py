@@ -29,12 +29,12 @@ Strategies (``tpe``, ``random``, ``grid``): see :mod:`tiletune.tuner.search.stra
 
 Trial ids are the search's own, counted from 0 over the candidates it hands out (the
 Optuna study behind it also holds the proposals it answered at once). A search lives in
-memory; one built with ``past`` (:class:`PastTrial`: the trials an earlier search handed
-out, with what became of them) resumes it: measurements and failures are taken up,
-outstanding trials stay outstanding under their ids, abandoned configs are asked again
-first, and new ids continue after the largest past one. So the record of a search can be
-kept elsewhere (the server's trials table) and a search rebuilt from it at any time. A
-``Search`` is not safe for concurrent use.
+memory; one built with ``past`` (:class:`~tiletune.tuner.search.trials.PastTrial`: the
+trials an earlier search handed out, with what became of them) resumes it: measurements
+and failures are taken up, outstanding trials stay outstanding under their ids, abandoned
+configs are asked again first, and new ids continue after the largest past one. So the
+record of a search can be kept elsewhere (the server's trials table) and a search rebuilt
+from it at any time. A ``Search`` is not safe for concurrent use.
 
 Re-exports the names other code imports from here (``Config``, ``STRATEGIES``,
 ``TpeOptions``, ``SearchCounts``, ``ENUMERATE_LIMIT``). Imports optuna, the
@@ -48,8 +48,6 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
 
 import optuna
 from optuna.trial import Trial
@@ -69,14 +67,12 @@ from tiletune.tuner.search.sampler import MaskedTPESampler, make_sampler
 from tiletune.tuner.search.space import ENUMERATE_LIMIT, SearchSpace, ValidSet
 from tiletune.tuner.search.strategy import STRATEGIES, Schedule, TpeOptions
 from tiletune.tuner.search.surrogate import PairModel
+from tiletune.tuner.search.trials import Candidate, Outstanding, PastTrial
 
 __all__ = [
     "ENUMERATE_LIMIT",
     "STRATEGIES",
-    "Candidate",
     "Config",
-    "PastOutcome",
-    "PastTrial",
     "Search",
     "SearchCounts",
     "SearchSpace",
@@ -85,37 +81,6 @@ __all__ = [
 
 #: Consecutive sampler proposals that bring nothing new before a uniform random pick replaces them.
 MAX_SAMPLER_REJECTIONS = 16
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A config to measure, and the id to tell its result under."""
-
-    trial_id: int
-    config: Config
-
-
-PastOutcome = Literal["measured", "failed", "outstanding", "abandoned"]
-
-
-@dataclass(frozen=True)
-class PastTrial:
-    """A trial an earlier search handed out, and what became of it (see the module docstring).
-
-    ``time_ms`` is set for ``measured``; ``reason`` says why for ``failed`` and ``abandoned``.
-    """
-
-    trial_id: int
-    config: Config
-    outcome: PastOutcome
-    time_ms: float | None = None
-    reason: str | None = None
-
-
-@dataclass
-class _Pending:
-    trial: Trial
-    key: Key
 
 
 class Search:
@@ -160,24 +125,11 @@ class Search:
             optima=self._options.local_optima,
             pairs=self._options.local_pairs,
         )
-        self._pending: dict[int, _Pending] = {}
-        self._pending_keys: set[Key] = set()
-        self._told: set[int] = set()
+        self._trials = Outstanding()
         self._rejections = 0
-        self._next_id = 0
         self._exhausted = False
         self._stop_reason: str | None = None
-        self._study = optuna.create_study(
-            sampler=make_sampler(
-                strategy,
-                self._enc,
-                self._is_usable,
-                seed=seed,
-                n_startup=self._startup,
-                options=self._options,
-            ),
-            direction="minimize",
-        )
+        self._study = self._make_study(seed)
         self._seeds: list[Key] = []
         if past:
             self._resume(past)
@@ -206,7 +158,7 @@ class Search:
     @property
     def outstanding(self) -> int:
         """Candidates asked and not yet told."""
-        return len(self._pending)
+        return len(self._trials)
 
     @property
     def space_size(self) -> int | None:
@@ -245,16 +197,12 @@ class Search:
         A time must be finite and positive; an ``error`` marks the trial failed
         whatever the time. Telling the same trial again does nothing.
         """
-        if trial_id in self._told:
+        if self._trials.is_settled(trial_id):
             return
-        pending = self._pending.get(trial_id)
-        if pending is None:
-            raise ValueError(f"trial_id: no outstanding trial {trial_id}")
+        self._trials.get(trial_id)  # ValueError when it was never asked
         if error is None and (time_ms is None or not math.isfinite(time_ms) or time_ms <= 0):
             raise ValueError(f"time_ms: a measurement must be a positive finite time, got {time_ms!r}")
-        del self._pending[trial_id]
-        self._pending_keys.discard(pending.key)
-        self._told.add(trial_id)
+        pending = self._trials.settle(trial_id)
         if error is not None:
             tell_infeasible(self._study, pending.trial, "failed", error)
             self._record_failure(pending.key, error)
@@ -270,13 +218,9 @@ class Search:
         to the front of the queue. Abandoning a told or abandoned trial does
         nothing; one that was never asked raises ``ValueError``.
         """
-        if trial_id in self._told:
+        if self._trials.is_settled(trial_id):
             return
-        pending = self._pending.pop(trial_id, None)
-        if pending is None:
-            raise ValueError(f"trial_id: no outstanding trial {trial_id}")
-        self._pending_keys.discard(pending.key)
-        self._told.add(trial_id)
+        pending = self._trials.settle(trial_id)
         tell_abandoned(self._study, pending.trial, reason)
         self._seeds.insert(0, pending.key)
         self._stop_reason = None
@@ -284,7 +228,7 @@ class Search:
     @property
     def outstanding_ids(self) -> list[int]:
         """Trial ids asked and not yet told or abandoned."""
-        return list(self._pending)
+        return self._trials.ids()
 
     # -- proposing --------------------------------------------------------------------------
 
@@ -292,7 +236,7 @@ class Search:
         """How many more candidates may be outstanding now."""
         if self.done or self._exhausted:
             return 0
-        in_flight = self._record.measured + len(self._pending)
+        in_flight = self._record.measured + len(self._trials)
         return self._budget.room(in_flight, self.space_size)
 
     def _propose(self) -> Candidate | None:
@@ -319,7 +263,7 @@ class Search:
             return self._next_grid_key()
         if self.strategy == "random":
             return None
-        if self._record.measured + len(self._pending) < self._startup:
+        if self._record.measured + len(self._trials) < self._startup:
             return self._random_new_key()
         for source in self._schedule.turn():
             if source == "tpe":
@@ -385,7 +329,7 @@ class Search:
             self._rejections += 1
             self._record.count("invalid")
             tell_infeasible(self._study, trial, "invalid", reason)
-        elif key in self._record or key in self._pending_keys:
+        elif key in self._record or self._trials.holds(key):
             self._rejections += 1
             self._record.count("duplicate")
             tell_duplicate(self._study, trial, self._record.outcomes.get(key))
@@ -395,11 +339,7 @@ class Search:
         return None
 
     def _register(self, trial: Trial, key: Key, trial_id: int | None = None) -> Candidate:
-        if trial_id is None:
-            trial_id = self._next_id
-        self._next_id = max(self._next_id, trial_id + 1)
-        self._pending[trial_id] = _Pending(trial, key)
-        self._pending_keys.add(key)
+        trial_id = self._trials.add(trial, key, trial_id)
         if self._model is not None:
             self._model.take(key)
         return Candidate(trial_id=trial_id, config=self._enc.config(key))
@@ -418,7 +358,7 @@ class Search:
             self._model.take(key)
 
     def _check_stop(self) -> str | None:
-        exhausted = not self._pending and self._is_exhausted()
+        exhausted = not self._trials and self._is_exhausted()
         return self._budget.stop_reason(self._record.measured, self._record.since_improvement, exhausted)
 
     def _is_exhausted(self) -> bool:
@@ -427,12 +367,24 @@ class Search:
         return self._exhausted
 
     def _is_new(self, key: Key) -> bool:
-        return key not in self._record and key not in self._pending_keys
+        return key not in self._record and not self._trials.holds(key)
 
     def _is_usable(self, key: Key) -> bool:
         return self._is_new(key) and self._valid.is_valid(key)
 
     # -- construction -----------------------------------------------------------------------
+
+    def _make_study(self, seed: int | None) -> optuna.Study:
+        """The Optuna study of the search, with the strategy's sampler."""
+        sampler = make_sampler(
+            self.strategy,
+            self._enc,
+            self._is_usable,
+            seed=seed,
+            n_startup=self._startup,
+            options=self._options,
+        )
+        return optuna.create_study(sampler=sampler, direction="minimize")
 
     def _make_model(self, seed: int | None) -> PairModel | None:
         if self.strategy != "tpe" or self._valid_keys is None or self._options.model_share <= 0:
@@ -454,12 +406,11 @@ class Search:
         abandoned: list[Key] = []
         for trial in sorted(past, key=lambda t: t.trial_id):
             key = self._enc.key(trial.config)
-            self._next_id = max(self._next_id, trial.trial_id + 1)
             if trial.outcome == "outstanding":
                 self._study.enqueue_trial(self._enc.params(key))
                 self._register(self._study.ask(self._enc.distributions), key, trial.trial_id)
                 continue
-            self._told.add(trial.trial_id)
+            self._trials.settled_before(trial.trial_id)
             if key in self._record:
                 continue  # measured under an earlier id already (a config asked again)
             params = self._enc.params(key)

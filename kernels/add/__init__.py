@@ -1,0 +1,2 @@
+"""``add``: elementwise ``a + b``. ``declaration`` (its space, torch-free), ``portable`` (the tiled
+PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""

@@ -1,0 +1,197 @@
+"""``fused_attention``'s declaration: ``O = softmax(Q K^T / sqrt(head_dim) + mask) V``,
+FlashAttention-2 style.
+
+Inputs ``q [batch, heads, seq_q, head_dim]``, ``k`` and ``v [batch, heads,
+seq_kv, head_dim]``; ``causal=1`` masks key ``j > i`` for query ``i``
+(top-left aligned, like ``scaled_dot_product_attention(is_causal=True)``).
+
+Tiling: an output tile is one ``block_q`` block of queries; its steps are the
+``block_kv`` blocks of keys and values it attends to (with ``causal``, blocks
+entirely above the diagonal are skipped, and the one crossing the block's
+last query is cut there). A step copies the K and V blocks in
+(and, on a tile's first step, the Q block), computes the scores, and folds
+them into the tile's float32 accumulator with the online softmax (running row
+max and sum; the accumulator is rescaled when the max grows). The last step
+divides by the sum; copy-out writes the block of ``O``. The working set is
+counted per (batch, head), which is what one core holds when cores split
+batch x heads.
+
+Working set per (batch, head): ``buffer_num * (block_q + 2 * block_kv) *
+head_dim * element size`` (Q, K, V queues) ``+ buffer_num * block_q *
+head_dim * 4`` (accumulators, the output queue) ``+ (block_q * block_kv + 4 *
+block_q) * 4`` (scores and row statistics) ``+`` for float16/bfloat16 the
+float32 copies of the Q, K and V blocks the compute stage works on.
+
+Default (the hand-written rule, ``total = seq_q * seq_kv``, the score matrix
+of one head): ``heuristic_tiling`` gives tile elements ``E``; ``block_q =
+block_kv = pow2_floor(sqrt(E))``, each snapped down to its knob values;
+buffers and depth as the rule says. For ``total <= 1024`` both blocks take
+their whole dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tiletune.client.space import DeviceLimits, Dim, Knob, pow2_ceil, snap_down
+from tiletune.kernels.declaration import (
+    BUFFER_NUM,
+    FLOAT32_BYTES,
+    PIPELINE_DEPTH,
+    Config,
+    KernelDeclaration,
+    Shape,
+    element_size,
+    float32_copies,
+    heuristic_tiling,
+    pow2_floor,
+)
+from tiletune.kernels.native.space import PORTABLE_AND_NATIVE, NativeDeclaration, with_block_dim
+from tiletune.kernels.triton.space import NUM_STAGES, NUM_WARPS, TritonDeclaration, block_knob
+
+BLOCKS = tuple(1 << p for p in range(4, 11))
+#: ``triton_fused_attention``'s block sizes.
+TRITON_BLOCKS = tuple(1 << p for p in range(4, 9))
+
+
+def padded_head_dim(head_dim: int) -> int:
+    """``head_dim`` as the Triton kernel holds it: the next power of two, at least 16."""
+    return max(16, pow2_ceil(head_dim))
+
+
+class FusedAttentionDeclaration(KernelDeclaration):
+    """Tiled attention forward with online softmax over kv blocks."""
+
+    name = "fused_attention"
+    version = 1
+    description = "attention forward, FlashAttention-2 style: q blocks x kv blocks with online softmax"
+    dims = (
+        Dim("batch", "batch size"),
+        Dim("heads", "attention heads"),
+        Dim("seq_q", "query length"),
+        Dim("seq_kv", "key/value length"),
+        Dim("head_dim", "features per head"),
+        Dim("causal", "1: query i attends keys j <= i (top-left aligned)", choices=(0, 1)),
+    )
+    knobs: tuple[Knob, ...] = (
+        Knob("block_q", BLOCKS, "queries per output tile", clamp_to="seq_q"),
+        Knob("block_kv", BLOCKS, "keys/values per step", clamp_to="seq_kv"),
+        BUFFER_NUM,
+        PIPELINE_DEPTH,
+    )
+    implementations: tuple[str, ...] = PORTABLE_AND_NATIVE
+
+    def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
+        """Per (batch, head): Q/K/V queues, float32 accumulators, scores and row statistics."""
+        bq, bkv, buffers, d = config["block_q"], config["block_kv"], config["buffer_num"], shape["head_dim"]
+        blocks = (bq + 2 * bkv) * d
+        queues = buffers * blocks * element_size(dtype)
+        accumulators = buffers * bq * d * FLOAT32_BYTES
+        state = (bq * bkv + 4 * bq) * FLOAT32_BYTES
+        upcast = 0 if element_size(dtype) >= FLOAT32_BYTES else blocks * FLOAT32_BYTES
+        return queues + accumulators + state + upcast
+
+    def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
+        """Square blocks of the rule's tile elements (whole dims for tiny problems)."""
+        total = shape["seq_q"] * shape["seq_kv"]
+        rule = heuristic_tiling(total, element_size(dtype), limits.local_memory_bytes)
+        values = self.knob_values(shape)
+        side = pow2_floor(math.sqrt(rule.tile_elements))
+        small = total <= 1024  # the rule's "one tile of everything"
+        return {
+            "block_q": snap_down(shape["seq_q"] if small else side, values["block_q"]),
+            "block_kv": snap_down(shape["seq_kv"] if small else side, values["block_kv"]),
+            "buffer_num": rule.buffer_num,
+            "pipeline_depth": rule.pipeline_depth,
+        }
+
+    def flops(self, shape: Shape) -> float:
+        """Two matmuls of ``seq_q x seq_kv x head_dim`` per (batch, head), halved when causal."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        full = 4.0 * b * h * sq * skv * d
+        return full / 2 if shape["causal"] else full
+
+    def bytes_moved(self, shape: Shape, dtype: str) -> float:
+        """Read Q, K, V once and write O once."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        return float(b * h * (2 * sq + 2 * skv) * d * element_size(dtype))
+
+    def tensor_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """``q`` and ``out`` (``batch x heads x seq_q x head_dim``), ``k`` and ``v`` (``... seq_kv ...``)."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        queries, keys = b * h * sq * d * element_size(dtype), b * h * skv * d * element_size(dtype)
+        return {"q": queries, "k": keys, "v": keys, "out": queries}
+
+    def workspace_bytes(self, shape: Shape, dtype: str) -> dict[str, int]:
+        """The reference's float32 result, its two float32 score matrices (``seq_q x seq_kv`` per
+        batch and head: the scores, then the probabilities) and its float32 copies of q, k, v."""
+        b, h, sq, skv, d = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv", "head_dim"))
+        scores = b * h * sq * skv * FLOAT32_BYTES
+        return {
+            **float32_copies(dtype, q=b * h * sq * d, k=b * h * skv * d, v=b * h * skv * d),
+            "scores": scores,
+            "probabilities": scores,
+            "reference": b * h * sq * d * FLOAT32_BYTES,
+        }
+
+
+class NativeFusedAttentionDeclaration(NativeDeclaration, FusedAttentionDeclaration):
+    """``native_fused_attention``: ``fused_attention``'s q blocks of every (batch, head) spread over
+    ``block_dim`` cores (``kernels/native/csrc/attention.cpp``)."""
+
+    name = "native_fused_attention"
+    version = 1
+    description = "attention forward, native CPU: (batch, head, q block) tiles over block_dim cores"
+    portable = FusedAttentionDeclaration
+    knobs = with_block_dim(FusedAttentionDeclaration.knobs)
+
+    def tile_count(self, config: Config, shape: Shape) -> int:
+        """``batch * heads * ceil(seq_q / block_q)``."""
+        return shape["batch"] * shape["heads"] * -(-shape["seq_q"] // config["block_q"])
+
+
+class TritonFusedAttentionDeclaration(TritonDeclaration, FusedAttentionDeclaration):
+    """``triton_fused_attention``: a q block per program, pipelined kv loop (see
+    ``kernels/fused_attention/triton.py``)."""
+
+    name = "triton_fused_attention"
+    version = 1
+    description = "fused_attention in Triton: FlashAttention-2 forward, q block per program, kv loop"
+    knobs = (
+        block_knob("block_q", TRITON_BLOCKS, "queries per program (a power of two, >= 16)", clamp_to="seq_q"),
+        block_knob(
+            "block_kv", TRITON_BLOCKS, "keys/values per loop step (a power of two, >= 16)", clamp_to="seq_kv"
+        ),
+        NUM_STAGES,
+        NUM_WARPS,
+    )
+
+    def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
+        """The Q block and the K and V blocks of every stage in flight."""
+        rows = config["block_q"] + 2 * config["block_kv"]
+        return rows * padded_head_dim(shape["head_dim"]) * element_size(dtype) * config["num_stages"]
+
+    def loop_steps(self, config: Config, shape: Shape) -> int:
+        """kv blocks of the longest program (causal: the last q block's)."""
+        return -(-shape["seq_kv"] // config["block_kv"])
+
+    def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
+        """Square blocks of the rule's tile elements (whole dims for tiny problems)."""
+        total = shape["seq_q"] * shape["seq_kv"]
+        rule = heuristic_tiling(total, element_size(dtype), limits.local_memory_bytes)
+        values = self.knob_values(shape)
+        side = pow2_floor(math.sqrt(rule.tile_elements))
+        small = total <= 1024  # the rule's "one tile of everything"
+        blocks = {
+            knob: values[knob][-1] if small else snap_down(side, values[knob])
+            for knob in ("block_q", "block_kv")
+        }
+        return {**blocks, **self.launch_defaults(rule, self.loop_steps(blocks, shape), limits)}
+
+
+#: The kernels this file declares: ``fused_attention`` and its native and Triton versions.
+DECLARATIONS = (
+    FusedAttentionDeclaration(),
+    NativeFusedAttentionDeclaration(),
+    TritonFusedAttentionDeclaration(),
+)

@@ -1,0 +1,2 @@
+"""``rms_norm``: RMS normalisation of each row. ``declaration`` (its space, torch-free), ``portable``
+(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""

@@ -1,0 +1,2 @@
+"""``softmax`` and the row-wise tiling it shares. ``declaration`` (its space, torch-free), ``portable``
+(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""

@@ -1,0 +1,48 @@
+"""The bench of a leased job: what this worker measures it with, or why it cannot run it here.
+
+:func:`bench_for` checks a leased job against this machine (the kernel is registered here at the
+job's version, has the job's backend built, takes its shape and dtype, and runs on the device)
+and builds its :class:`~tiletune.tuner.measure.bench.KernelBench` once per lease (inputs and the
+reference output; a lookup bench on a replay device). Anything this worker cannot run is an
+:class:`UnsupportedJobError` saying why, which the worker releases as failed.
+"""
+
+from __future__ import annotations
+
+from tiletune.client.wire import LeasedJob
+from tiletune.kernels.device import Device, ReplayDevice
+from tiletune.kernels.errors import InputError, UnknownKernelError
+from tiletune.kernels.registry import get_kernel, runs_on
+from tiletune.kernels.spec import torch_dtype
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.replay_bench import ReplayBench
+
+
+class UnsupportedJobError(Exception):
+    """This worker cannot run the leased job; the message says why."""
+
+
+def bench_for(job: LeasedJob, device: Device, settings: BenchSettings) -> KernelBench:
+    """The bench of ``job`` on ``device``; :class:`UnsupportedJobError` if it cannot run here."""
+    try:
+        spec = get_kernel(job.kernel)
+    except UnknownKernelError as error:
+        raise UnsupportedJobError(str(error)) from None
+    if spec.version != job.kernel_version:
+        raise UnsupportedJobError(
+            f"kernel {spec.name} is version {spec.version} here, the job wants version {job.kernel_version}"
+        )
+    if job.backend not in spec.backends():
+        raise UnsupportedJobError(
+            f"kernel {spec.name} has no backend {job.backend!r} here (it has {', '.join(spec.backends())})"
+        )
+    try:
+        shape = spec.parse_shape(job.shape)
+        torch_dtype(job.dtype)
+    except InputError as error:
+        raise UnsupportedJobError(str(error)) from None
+    if not runs_on(spec, device.kind):
+        raise UnsupportedJobError(f"kernel {spec.name} does not run on a {device.kind} device")
+    if isinstance(device, ReplayDevice):
+        return ReplayBench(spec, shape, job.dtype, device, job.backend, settings)
+    return KernelBench(spec, shape, job.dtype, device, job.backend, settings)
