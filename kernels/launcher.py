@@ -187,17 +187,20 @@ def select_config(
     kernel: str | KernelSpec,
     /,
     *tensors: torch.Tensor,
-    client: ConfigSource,
+    client: ConfigSource | None,
     dtype: str | None = None,
     **dims: int | bool,
 ) -> Selection:
-    """Steps 1-4 of :func:`launch`: the shape, dtype and checked config of a call, without running it."""
+    """Steps 1-4 of :func:`launch`: the shape, dtype and checked config of a call, without running it
+    (``client`` ``None``: the kernel's default rule)."""
     spec = _spec(kernel)
     if not tensors:
         raise InputError("inputs", f"{spec.name} needs its input tensors")
     shape = _call_shape(spec, tensors, dims)
     call_dtype = _call_dtype(tensors, dtype)
     limits = _limits(_device_kind(tensors))
+    if client is None:  # no source configured: the kernel's own rule, as asked
+        return Selection(spec, shape, call_dtype, spec.default_config(shape, call_dtype, limits), "default")
     try:
         asked = _asked(client, spec, shape, call_dtype)
     except Exception as error:  # a client that fails, or answers nonsense, never fails the launch
@@ -213,11 +216,15 @@ def launch(
     kernel: str | KernelSpec,
     /,
     *tensors: torch.Tensor,
-    client: ConfigSource,
+    client: ConfigSource | None,
     dtype: str | None = None,
     **dims: int | bool,
 ) -> torch.Tensor:
     """Run ``kernel`` on ``tensors`` under the config ``client`` gives for their shape (see the module).
+
+    A built-in kernel runs as its operator (``torch.ops.tiletune.<kernel>``), so its result carries
+    gradients; a kernel without one refuses tensors that require grad rather than drop their
+    gradient silently.
 
     ``kernel`` is a registered name or a spec; ``tensors`` are what the spec's
     ``run`` takes, in its order; ``dims`` complete the shape where the tensors
@@ -225,9 +232,47 @@ def launch(
     inputs that do not fit the kernel and ``NotImplementedError`` for a kernel
     whose spec has no ``shape_of``; never because of the config.
     """
-    selection = select_config(kernel, *tensors, client=client, dtype=dtype, **dims)
+    spec = _spec(kernel)
+    operator = _operator(spec)
+    if operator is not None and dtype is None:
+        return _launch_operator(spec, operator, tensors, client, dims)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+        raise InputError(
+            "inputs",
+            f"{spec.name} has no operator with a backward, so its result would carry no gradient; "
+            "run it under torch.no_grad() or on tensors that do not require grad",
+        )
+    selection = select_config(spec, *tensors, client=client, dtype=dtype, **dims)
     backend = preferred_backend(selection.spec, _device_kind(tensors))  # CPUs: native where built
     return selection.spec.run(tensors, selection.config, selection.shape, backend)
+
+
+def _operator(spec: KernelSpec) -> Callable[..., torch.Tensor] | None:
+    """The ``torch.ops.tiletune`` operator of a registered built-in kernel's spec, or None."""
+    from tiletune.kernels.ops import OPERATORS
+
+    operator = OPERATORS.get(spec.name)
+    return operator if operator is not None and get_kernel(spec.name) is spec else None
+
+
+def _launch_operator(
+    spec: KernelSpec,
+    operator: Callable[..., torch.Tensor],
+    tensors: tuple[torch.Tensor, ...],
+    client: ConfigSource | None,
+    dims: Mapping[str, int | bool],
+) -> torch.Tensor:
+    """``operator`` on ``tensors`` under ``client``: autograd and the config as :func:`launch` says.
+    The tensors' dtype is checked as ever (float64, which the operator takes for gradient checks, is
+    not a launch dtype); keyword size dims are checked against the tensors; categorical ones are the
+    operator's flags."""
+    from tiletune.kernels.ops.source import using_source
+
+    _call_dtype(tensors, None)
+    _call_shape(spec, tensors, dims)
+    flags = {d.name: bool(dims[d.name]) for d in spec.dims if d.categorical and d.name in dims}
+    with using_source(client):
+        return operator(*tensors, **flags)
 
 
 def tiled(

@@ -55,6 +55,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise DTypeError("dtype", f"tensors of {dtype} are not supported; use one of {', '.join(DTYPES)}")
 
 
+def widened(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` in the dtype a reference computes in: float32, or float64 for float64 (which the
+    operators take for gradient checks)."""
+    return tensor if tensor.dtype == torch.float64 else tensor.float()
+
+
 def expect_inputs(kernel: str, inputs: Sequence[torch.Tensor], names: Sequence[str]) -> None:
     """Raise :class:`ShapeError` unless ``inputs`` are as many tensors as ``names`` (for ``shape_of``)."""
     if len(inputs) != len(names):

@@ -16,7 +16,7 @@ from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype
+from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype, widened
 
 
 class AddSpec(AddDeclaration, KernelSpec):
@@ -43,9 +43,9 @@ class AddSpec(AddDeclaration, KernelSpec):
         return a.contiguous(), b.contiguous()
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """``a + b`` in float32."""
+        """``a + b`` in float32 (float64 for float64)."""
         a, b = inputs
-        return a.float() + b.float()
+        return widened(a) + widened(b)
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"

@@ -32,7 +32,7 @@ from tiletune.kernels.fused_attention.declaration import FusedAttentionDeclarati
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype
+from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype, widened
 
 LOG2_E = math.log2(math.e)
 
@@ -216,8 +216,8 @@ class FusedAttentionSpec(FusedAttentionDeclaration, KernelSpec):
         return tuple(torch.randn(s, generator=generator).to(device, torch_dtype(dtype)) for s in sizes)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """Explicit ``softmax(Q K^T * scale + mask) V`` in float32 (not SDPA)."""
-        q, k, v = (t.float() for t in inputs)
+        """Explicit ``softmax(Q K^T * scale + mask) V`` in float32 (float64 for float64; not SDPA)."""
+        q, k, v = (widened(t) for t in inputs)
         scores = q @ k.transpose(-2, -1) * shape["head_dim"] ** -0.5
         if shape["causal"]:
             above = torch.ones(shape["seq_q"], shape["seq_kv"], dtype=torch.bool, device=q.device).triu(1)

@@ -15,7 +15,7 @@ from tiletune.kernels.matmul.declaration import MatmulDeclaration
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype
+from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype, widened
 
 
 def _blocks(length: int, tile: int) -> list[slice]:
@@ -49,9 +49,9 @@ class MatmulSpec(MatmulDeclaration, KernelSpec):
         return a.to(device, torch_dtype(dtype)), b.to(device, torch_dtype(dtype))
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """``A @ B`` in float32."""
+        """``A @ B`` in float32 (float64 for float64)."""
         a, b = inputs
-        return a.float() @ b.float()
+        return widened(a) @ widened(b)
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"

@@ -25,7 +25,7 @@ from tiletune.kernels.native.spec import run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.rms_norm.declaration import RmsNormDeclaration
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, row_plan
-from tiletune.kernels.spec import expect_ndim, expect_size
+from tiletune.kernels.spec import expect_ndim, expect_size, widened
 
 EPS = 1e-6
 
@@ -63,8 +63,8 @@ class RmsNormSpec(RmsNormDeclaration, RowKernelSpec):
         return x, w.to(device, x.dtype)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """The formula, in float32."""
-        x, w = (t.float() for t in inputs)
+        """The formula, in float32 (float64 for float64)."""
+        x, w = (widened(t) for t in inputs)
         return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * w
 
     def run(

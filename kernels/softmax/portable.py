@@ -30,7 +30,7 @@ from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.softmax.declaration import RowKernelDeclaration, SoftmaxDeclaration
-from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype
+from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype, widened
 
 
 @dataclass(frozen=True)
@@ -172,8 +172,8 @@ class SoftmaxSpec(SoftmaxDeclaration, RowKernelSpec):
     """Softmax over each row, with online softmax across column tiles."""
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """``torch.softmax`` in float32."""
-        return torch.softmax(inputs[0].float(), dim=-1)
+        """``torch.softmax`` in float32 (float64 for float64)."""
+        return torch.softmax(widened(inputs[0]), dim=-1)
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"

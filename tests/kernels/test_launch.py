@@ -331,3 +331,18 @@ def test_a_native_config_over_every_core_of_this_cpu_is_taken_as_given() -> None
 
     assert selection.source == "client", selection.reason
     assert selection.config == config
+
+
+def test_launch_keeps_the_gradient_through_the_kernels_operator() -> None:
+    q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
+    out = launch("fused_attention", q, k, v, client=FixedSource({}), causal=True)
+    torch.autograd.backward(out.sum())
+
+    assert out.grad_fn is not None
+    assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in (q, k, v))
+
+
+def test_a_kernel_without_an_operator_refuses_tensors_that_need_a_gradient() -> None:
+    x = torch.ones(100, requires_grad=True)
+    with pytest.raises(InputError, match="no operator with a backward"):
+        launch(ScaleSpec(), x, client=FixedSource({"tile_size": 64}))

@@ -1,0 +1,49 @@
+"""What an operator call runs: the kernel's implementation for the tensors' device, under the config
+the current source gives for the call's shape.
+
+- CPU: the portable kernel's spec, run by its ``native`` implementation where the extension is
+  built here (else the tiled PyTorch pipeline); its key is the kernel's own name.
+- CUDA: the Triton kernel (``triton_<kernel>``, its own key) where triton runs, else the portable one.
+- Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
+- float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
+
+Called inside the operators' implementations, so at run time, with real tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tiletune.kernels.launcher import select_config
+from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.ops.source import current_source
+from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.spec import KernelSpec
+from tiletune.kernels.triton.space import TRITON_BACKEND
+
+
+def implementation(kernel: str, device_kind: str) -> tuple[KernelSpec, str]:
+    """The spec whose config a call of ``kernel`` on a ``device_kind`` device looks up, and the
+    backend that runs it (see the module docstring)."""
+    if device_kind == "cuda":
+        triton = get_kernel(f"triton_{kernel}")
+        if triton.supports("cuda"):
+            return triton, TRITON_BACKEND
+    spec = get_kernel(kernel)
+    return spec, preferred_backend(spec, device_kind)
+
+
+def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
+    """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
+    for their shape; ``dims`` complete the shape (``causal``). The result is contiguous (the fakes
+    say so)."""
+    inputs = tuple(tensors)
+    if inputs[0].dtype == torch.float64:
+        spec = get_kernel(kernel)
+        shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
+        return spec.reference(inputs, shape).contiguous()
+    spec, backend = implementation(kernel, inputs[0].device.type)
+    selection = select_config(spec, *inputs, client=current_source(), dtype=None, **dims)
+    return spec.run(inputs, selection.config, selection.shape, backend).contiguous()

@@ -1,0 +1,102 @@
+"""Where the operators' configs come from: one process-wide source, or the kernels' own rules.
+
+- With nothing configured, the first operator call reads ``$TILETUNE_URL`` (and ``$TILETUNE_TOKEN``,
+  ``$TILETUNE_CHIP``); without it, an operator runs the kernel's default rule (its hand-written
+  tiling): no server, no network call, never an error. Importing makes no call either.
+- :func:`configure` sets the process's source: a ``ConfigClient`` for a server's URL (with its
+  token, chip and the kernels' rules as its defaults), or any object with the launcher's
+  ``get(kernel, shape, dtype=...)`` (a pinned bundle, a test's stand-in). ``configure()``
+  with no argument reads ``$TILETUNE_URL`` / ``$TILETUNE_TOKEN``, and goes back to the rules
+  when the URL is unset.
+- :func:`using_source` overrides the source for the calls inside a ``with`` block of this thread
+  or task (``launch(..., client=...)`` runs the operator under it).
+
+The source is read when an operator *runs*, never when a graph is traced, so a compiled model
+looks up the key of every shape it meets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from tiletune.kernels.launcher import ConfigSource
+
+#: The environment a bare :func:`configure` reads.
+URL_ENV = "TILETUNE_URL"
+TOKEN_ENV = "TILETUNE_TOKEN"
+CHIP_ENV = "TILETUNE_CHIP"
+
+_lock = threading.Lock()
+
+
+@dataclass
+class _ProcessSource:
+    """The process's source, as :func:`configure` last set it; ``configured`` once it was (the first
+    operator call configures from the environment when nobody did)."""
+
+    source: ConfigSource | None = None
+    configured: bool = False
+
+
+_process = _ProcessSource()
+_scoped: contextvars.ContextVar[ConfigSource | None] = contextvars.ContextVar("tiletune_source", default=None)
+
+
+def configure(
+    source: ConfigSource | None = None,
+    *,
+    url: str | None = None,
+    token: str | None = None,
+    chip: str = "auto",
+) -> ConfigSource | None:
+    """Set the process's config source and return it (``None``: the kernels' rules).
+
+    ``source`` is used as given. Else a ``ConfigClient`` is made for ``url`` (default
+    ``$TILETUNE_URL``) with ``token`` (default ``$TILETUNE_TOKEN``) and ``chip`` (default
+    ``$TILETUNE_CHIP``, else ``auto``: this machine's), whose defaults are the kernels' rules;
+    with no URL at all the operators run the rules. Making a client calls no server: it fetches
+    in the background and answers from its cache, falling back to the rules.
+    """
+    if source is None:
+        url = url or os.environ.get(URL_ENV) or None
+        if url is not None:
+            source = _client(url, token or os.environ.get(TOKEN_ENV) or None, os.environ.get(CHIP_ENV, chip))
+    with _lock:
+        _process.source = source
+        _process.configured = True
+    return source
+
+
+def _client(url: str, token: str | None, chip: str) -> ConfigSource:
+    """A ``ConfigClient`` of ``url`` whose defaults are the kernels' rules."""
+    from tiletune.client import ConfigClient
+    from tiletune.kernels.defaults import client_settings
+
+    client: ConfigSource = ConfigClient(url, chip=chip, token=token, settings=client_settings())
+    return client
+
+
+def current_source() -> ConfigSource | None:
+    """The source an operator call asks now: the innermost :func:`using_source`, else the process's
+    (:func:`configure`); ``None`` means the kernels' rules."""
+    scoped = _scoped.get()
+    if scoped is not None:
+        return scoped
+    if not _process.configured:
+        configure()  # from the environment; no URL there: the rules
+    return _process.source
+
+
+@contextlib.contextmanager
+def using_source(source: ConfigSource | None) -> Iterator[None]:
+    """Calls inside the block (this thread or task) ask ``source`` (``None``: no override)."""
+    token = _scoped.set(source)
+    try:
+        yield
+    finally:
+        _scoped.reset(token)

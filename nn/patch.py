@@ -1,0 +1,72 @@
+"""``patch(model)``: a model runs on tiletune's operators with no change to its code.
+
+- every ``torch.nn.RMSNorm`` and ``torch.nn.Linear`` module becomes tiletune's
+  (:mod:`tiletune.nn.layers`: the same parameters, not copies, and the same ``state_dict``);
+- the model's ``forward`` runs inside a torch function mode that sends
+  ``torch.nn.functional.scaled_dot_product_attention`` to
+  :func:`tiletune.nn.functional.scaled_dot_product_attention` (what a model's own attention code,
+  Hugging Face's ``sdpa`` attention among them, calls).
+
+In the style of Liger-Kernel's ``apply_liger_kernel_to_*``: call it once, after building the model
+and before ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, TypeVar
+
+import torch
+import torch.nn.functional as torch_functional
+from torch.overrides import TorchFunctionMode
+
+from tiletune.nn import functional
+from tiletune.nn.layers import Linear, RMSNorm
+
+ModelT = TypeVar("ModelT", bound=torch.nn.Module)
+
+#: The models whose forward runs in :class:`AttentionMode` already.
+_patched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
+
+
+class AttentionMode(TorchFunctionMode):
+    """Sends ``F.scaled_dot_product_attention`` to tiletune's; every other function runs as ever."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
+        """Dispatch ``func``: the attention to tiletune's, the rest unchanged."""
+        kwargs = kwargs or {}
+        if func is torch_functional.scaled_dot_product_attention:
+            return functional.scaled_dot_product_attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+
+def _swap_modules(module: torch.nn.Module) -> int:
+    """Swap ``module``'s RMSNorm and Linear children (recursively) for tiletune's; how many."""
+    swapped = 0
+    for child in module.children():
+        swapped += _swap_modules(child)
+        if type(child) is torch.nn.RMSNorm:
+            child.__class__ = RMSNorm
+            swapped += 1
+        elif type(child) is torch.nn.Linear:
+            child.__class__ = Linear
+            swapped += 1
+    return swapped
+
+
+def patch(model: ModelT) -> ModelT:
+    """Run ``model`` on tiletune's operators (see the module docstring); returns it, patched in place."""
+    _swap_modules(model)
+    if model in _patched:
+        return model
+    forward = model.forward
+
+    def patched_forward(*args: Any, **kwargs: Any) -> Any:
+        with AttentionMode():
+            return forward(*args, **kwargs)
+
+    model.forward = patched_forward
+    _patched.add(model)
+    return model
