@@ -182,6 +182,15 @@ class ConfigClient:
             self.core.disk.save(bundle)
         return changed
 
+    def pin(self) -> None:
+        """Answer from what is known now (prefetched, imported) for the rest of the run: no lookup
+        and no refresh asks the server again, so every process pinned to one snapshot launches the
+        same tilings; keys it lacks get the nearest known shape or the default, and are still
+        reported as misses for tuning. (A prefetch pins too, until the next prefetch or refresh.)"""
+        with self.core.lock:
+            self.core.prefetched = True
+            self.core.forget_answers()
+
     # -- misses and refresh, off the launch path -----------------------------------------------
 
     def flush_misses(self) -> bool:

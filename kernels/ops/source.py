@@ -8,6 +8,8 @@
   ``get(kernel, shape, dtype=...)`` (a pinned bundle, a test's stand-in). ``configure()``
   with no argument reads ``$TILETUNE_URL`` / ``$TILETUNE_TOKEN``, and goes back to the rules
   when the URL is unset.
+- ``TILETUNE_PIN`` (or ``configure(pin=...)``) pins a run to one snapshot of configs: ``server``
+  (the server's, fetched once at start) or a bundle file; every rank launches the same tilings.
 - :func:`using_source` overrides the source for the calls inside a ``with`` block of this thread
   or task (``launch(..., client=...)`` runs the operator under it).
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import threading
 from collections.abc import Iterator
@@ -30,6 +33,11 @@ from tiletune.kernels.launcher import ConfigSource
 URL_ENV = "TILETUNE_URL"
 TOKEN_ENV = "TILETUNE_TOKEN"
 CHIP_ENV = "TILETUNE_CHIP"
+PIN_ENV = "TILETUNE_PIN"
+#: ``TILETUNE_PIN`` 's value for "the server's configs as of now".
+PIN_SERVER = "server"
+
+logger = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 
@@ -53,31 +61,55 @@ def configure(
     url: str | None = None,
     token: str | None = None,
     chip: str = "auto",
+    pin: str | None = None,
 ) -> ConfigSource | None:
     """Set the process's config source and return it (``None``: the kernels' rules).
 
     ``source`` is used as given. Else a ``ConfigClient`` is made for ``url`` (default
     ``$TILETUNE_URL``) with ``token`` (default ``$TILETUNE_TOKEN``) and ``chip`` (default
     ``$TILETUNE_CHIP``, else ``auto``: this machine's), whose defaults are the kernels' rules;
-    with no URL at all the operators run the rules. Making a client calls no server: it fetches
-    in the background and answers from its cache, falling back to the rules.
+    with no URL at all the operators run the rules. Making a client calls no server: it asks on a
+    key's first call and answers from its cache after, falling back to the rules.
+
+    ``pin`` (default ``$TILETUNE_PIN``) pins the whole run to one snapshot, so that every rank of a
+    job launches the same tilings: ``"server"`` fetches the server's configs for the chip once, now;
+    a path imports a bundle file (``tiletune`` exports one: ``GET /v1/configs``). Either is logged
+    once (configs, ETag or checksum); no lookup asks the server afterwards, and keys the snapshot
+    lacks are still reported as misses.
     """
     if source is None:
         url = url or os.environ.get(URL_ENV) or None
-        if url is not None:
-            source = _client(url, token or os.environ.get(TOKEN_ENV) or None, os.environ.get(CHIP_ENV, chip))
+        pin = pin or os.environ.get(PIN_ENV) or None
+        if url is not None or pin is not None:
+            token = token or os.environ.get(TOKEN_ENV) or None
+            source = _client(url, token, os.environ.get(CHIP_ENV, chip), pin)
     with _lock:
         _process.source = source
         _process.configured = True
     return source
 
 
-def _client(url: str, token: str | None, chip: str) -> ConfigSource:
-    """A ``ConfigClient`` of ``url`` whose defaults are the kernels' rules."""
+def _client(url: str | None, token: str | None, chip: str, pin: str | None) -> ConfigSource:
+    """A ``ConfigClient`` of ``url`` whose defaults are the kernels' rules, pinned to ``pin``'s
+    snapshot when given (with no disk cache: what other runs cached must not differ by rank)."""
+    from pathlib import Path
+
     from tiletune.client import ConfigClient
     from tiletune.kernels.defaults import client_settings
 
-    client: ConfigSource = ConfigClient(url, chip=chip, token=token, settings=client_settings())
+    if pin is None:
+        return ConfigClient(url, chip=chip, token=token, settings=client_settings())
+    client = ConfigClient(url, chip=chip, token=token, settings=client_settings(cache_dir=None))
+    if pin == PIN_SERVER:
+        count = client.prefetch()
+        etags = ", ".join(f"{scope or 'chip'}={etag}" for scope, etag in client.core.etags.items()) or "none"
+        logger.info(
+            "tiletune: pinned to the server's %d configs of %s as of now (ETag %s)", count, chip, etags
+        )
+    else:
+        count = client.import_bundle(Path(pin))
+        logger.info("tiletune: pinned to the %d configs of bundle %s", count, pin)
+    client.pin()
     return client
 
 
