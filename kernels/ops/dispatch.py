@@ -6,6 +6,9 @@ the current source gives for the call's shape.
 - CUDA: the Triton kernel (``triton_<kernel>``, its own key) where triton runs, else the portable one.
 - Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
 - float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
+- Mixed dtypes, as autocast hands them over (bf16 or fp16 activations, fp32 weights), run in the
+  first input's dtype (the activations'; the kernels accumulate in fp32): the output has it too,
+  and each input's gradient comes back in the input's own dtype.
 
 Called inside the operators' implementations, so at run time, with real tensors.
 """
@@ -39,8 +42,9 @@ def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool)
     """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
     for their shape; ``dims`` complete the shape (``causal``). The result is contiguous (the fakes
     say so)."""
-    inputs = tuple(tensors)
-    if inputs[0].dtype == torch.float64:
+    first = tensors[0].dtype  # mixed dtypes (autocast: bf16 activations, fp32 weights) run in the first's
+    inputs = tuple(t if t.dtype == first else t.to(first) for t in tensors)
+    if first == torch.float64:
         spec = get_kernel(kernel)
         shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
         return spec.reference(inputs, shape).contiguous()

@@ -68,3 +68,17 @@ def test_a_patched_model_compiles_whole_and_trains_like_torchs() -> None:
     for (name, mine), theirs in zip(model.named_parameters(), reference.parameters(), strict=True):
         assert mine.grad is not None, name
         torch.testing.assert_close(mine.grad, theirs.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_a_patched_model_runs_and_trains_under_autocast() -> None:
+    """Under CPU autocast torch's layers hand bfloat16 activations to float32 weights: the operators
+    take the mixed dtypes (in the first input's), and each gradient comes back in its parameter's."""
+    model, reference = patched_pair()
+    x = torch.randn(2, 40, 64)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, theirs = model(x), reference(x)
+    torch.testing.assert_close(ours.float(), theirs.float(), atol=2e-2, rtol=2e-2)
+    torch.autograd.backward(ours.float().square().mean())
+    for name, parameter in model.named_parameters():
+        assert parameter.grad is not None, name
+        assert parameter.grad.dtype == parameter.dtype, name
