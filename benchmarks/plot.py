@@ -22,7 +22,10 @@ The plot follows the document's ``benchmark`` field (the functions live in ``ben
 - ``http_lookup``: requests/s and p50 / p99 latency against concurrent clients;
 - ``lookup_latency``: ns per call of a hit against a bare dict lookup, and of a launch with and
   without the client;
-- ``dashboard``: every page's median and p95 server time against the goal.
+- ``dashboard``: every page's median and p95 server time against the goal;
+- ``model_step``: a decoder's inference and training step per variant (torch eager and compiled,
+  tiletune's operators on the default rules, on tuned configs, compiled) over torch eager's,
+  and each operator's share of the tuned variant's profiled step.
 
 Asking for another benchmark is an error that names those that have a plot.
 """
@@ -46,6 +49,7 @@ from benchmarks.plots.client import plot_lookup_latency
 from benchmarks.plots.dashboard import plot_dashboard
 from benchmarks.plots.http import plot_http_load, plot_http_lookup
 from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality
+from benchmarks.plots.model import plot_model_step
 from benchmarks.plots.search import plot_search_replay, plot_space_basins
 from benchmarks.plots.service import plot_replay_worker_cost, plot_service_overhead
 
@@ -62,6 +66,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "http_lookup": plot_http_lookup,
     "lookup_latency": plot_lookup_latency,
     "dashboard": plot_dashboard,
+    "model_step": plot_model_step,
 }
 
 

@@ -258,6 +258,94 @@ DASHBOARD: dict[str, Any] = {
     "all_meet_goal": False,
 }
 
+
+def _step(median: float) -> dict[str, Any]:
+    """One variant's step as ``model_step`` reports it."""
+    return {"median_ms": median, "p10_ms": median * 0.97, "p90_ms": median * 1.08, "samples": 3}
+
+
+def _model_sequence(seq: int, scale: float) -> dict[str, Any]:
+    """One sequence length of a ``model_step`` document: (d) faster than (c), slower than (a)."""
+    inference = {"a": 100.0, "b": 80.0, "c": 150.0, "d": 110.0, "e": 85.0}
+    times = {
+        name: {"inference": _step(ms * scale), "training": _step(3 * ms * scale)}
+        for name, ms in inference.items()
+    }
+    operator = {"calls": 10, "self_cpu_ms": 50.0, "total_cpu_ms": 60.0}
+    profile = {
+        "profile_cpu_ms": 100.0 * scale,
+        "operators": {
+            "matmul": {**operator, "self_share": 0.55, "total_share": 0.6},
+            "fused_attention": {**operator, "self_share": 0.2, "total_share": 0.2},
+            "rms_norm": {**operator, "self_share": 0.03, "total_share": 0.03},
+        },
+        "self_share": 0.78,
+        "total_share": 0.83,
+    }
+    lookups = {
+        "calls_per_step": 15,
+        "distinct_keys": 7,
+        "matches": {"exact": 7},
+        "get_ns_per_call": 300.0,
+        "select_ns_per_call": 4000.0,
+        "get_share_of_step": 15 * 300.0 / (110e6 * scale),
+        "select_share_of_step": 15 * 4000.0 / (110e6 * scale),
+    }
+    return {
+        "seq": seq,
+        "times": times,
+        "compile_s": {"b": {"inference": 20.0, "training": 30.0}, "e": {"inference": 12.0, "training": 30.0}},
+        "ratios": {
+            kind: {
+                "d_over_a": times["d"][kind]["median_ms"] / times["a"][kind]["median_ms"],
+                "c_over_d": times["c"][kind]["median_ms"] / times["d"][kind]["median_ms"],
+                "e_over_b": times["e"][kind]["median_ms"] / times["b"][kind]["median_ms"],
+            }
+            for kind in ("inference", "training")
+        },
+        "profile": {"inference": profile, "training": profile},
+        "lookups": {"inference": lookups, "training": lookups},
+    }
+
+
+def _goal(bound: float, sense: str, values: list[float], met: bool) -> dict[str, Any]:
+    return {
+        "bound": bound,
+        "sense": sense,
+        "values": dict(zip(("256", "512"), values, strict=True)),
+        "met": met,
+    }
+
+
+MODEL_STEP: dict[str, Any] = {
+    "benchmark": "model_step",
+    "quick": True,
+    "model": {"layers": 2, "hidden": 512, "heads": 8, "kv_heads": 2, "mlp": 1408, "vocab": 4096, "batch": 1},
+    "machine": {"cpu_count": 2, "torch_threads": 2, "torch": "2.13.0+cpu"},
+    "repeats": 3,
+    "variants": {
+        "a": "torch eager",
+        "b": "torch.compile(a)",
+        "c": "tiletune ops, default rules",
+        "d": "tiletune ops, tuned configs",
+        "e": "torch.compile(d)",
+    },
+    "tuning": {
+        "path": "demand",
+        "chip": "cpu/Test/2c",
+        "trials_per_job": 4,
+        "jobs": 14,
+        "states": {"done": 14},
+    },
+    "sequences": [_model_sequence(256, 1.0), _model_sequence(512, 2.5)],
+    "goals": {
+        "d_over_a": _goal(0.9, "le", [1.1, 1.1], False),
+        "c_over_d": _goal(1.2, "ge", [1.36, 1.36], True),
+        "e_over_b": _goal(1.0, "le", [1.06, 1.06], False),
+        "lookups_share": _goal(0.01, "le", [4e-5, 2e-5], True),
+    },
+}
+
 #: Every document, by its ``benchmark`` field.
 DOCUMENTS: dict[str, dict[str, Any]] = {
     document["benchmark"]: document
@@ -272,5 +360,6 @@ DOCUMENTS: dict[str, dict[str, Any]] = {
         HTTP_LOOKUP,
         LOOKUP_LATENCY,
         DASHBOARD,
+        MODEL_STEP,
     )
 }

@@ -1,0 +1,248 @@
+"""A Llama-style decoder's step time on tiletune's operators against torch's, on this CPU.
+
+The decoder (``benchmarks/model/decoder.py``: plain ``torch.nn``, RMSNorm, grouped-query SDPA,
+SwiGLU) runs five ways, each on its own copy of the same weights:
+
+  (a) torch eager;                        (b) ``torch.compile`` of (a);
+  (c) ``tiletune.nn.patch`` of it on the kernels' default rules (no config source);
+  (d) the same on configs the service tuned through its demand path;
+  (e) ``torch.compile`` of (d).
+
+(d)'s configs: a ``tiletune server`` (a fresh SQLite file, demand from a key's first report) and
+a ``ConfigClient`` of it; the patched decoder runs one inference and one training step per
+sequence length on the client, the client reports the keys it missed, the server queues one
+demand job per key, ``tiletune worker --backend cpu --once`` tunes them (``--trials`` each), and
+the client prefetches every config of this chip before the timing.
+
+Per sequence length: an inference step (a forward under ``torch.no_grad``) and a training step
+(forward, cross-entropy, backward, AdamW) of each variant, timed round-robin in one run
+(``--repeats`` rounds, the order rotated each round; compilation excluded): median, p10, p90 ms;
+the ratios (d)/(a), (c)/(d), (e)/(b); each operator's share of (d)'s step under
+``torch.profiler``; the config lookups' share of (d)'s step (calls per step × ns per call).
+The goals (d ≤ 0.90× a, d ≥ 1.2× faster than c, e ≤ 1.0× b, lookups ≤ 1 % of a step; inference)
+are reported as measured, met or not.
+
+Prints one JSON document on stdout (``"benchmark": "model_step"``), progress on stderr. Run from
+the repository root: ``.venv/bin/python benchmarks/model_step.py [--quick]``; plot it with
+``benchmarks/plot.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/model_step.py`: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+from torch import nn
+
+from benchmarks.model import demand
+from benchmarks.model.costs import lookup_cost, operator_shares
+from benchmarks.model.decoder import DecoderShape, build_decoder
+from benchmarks.model.steps import STEPS, Variant, make_variants, measure, on_operators, spread, warm_up
+from tiletune.client import ConfigClient
+from tiletune.kernels.ops import configure
+
+#: The goals, on inference medians: a ratio of medians (or the lookups' share of a step) -> its
+#: bound, and whether the value must be at most (``le``) or at least (``ge``) that bound.
+GOALS = {
+    "d_over_a": (0.90, "le"),
+    "c_over_d": (1.2, "ge"),
+    "e_over_b": (1.0, "le"),
+    "lookups_share": (0.01, "le"),
+}
+#: ``--quick``: a run of a few minutes (one short sequence, two layers, few rounds and trials).
+QUICK = {"seqs": [512], "layers": 2, "repeats": 5, "trials": 4}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seqs", type=int, nargs="+", default=[1024, 2048], help="sequence lengths (default 1024 2048)"
+    )
+    parser.add_argument("--batch", type=int, default=1, help="sequences per step (default 1)")
+    parser.add_argument("--layers", type=int, default=4, help="decoder layers (default 4)")
+    parser.add_argument("--hidden", type=int, default=512, help="hidden size (default 512)")
+    parser.add_argument("--heads", type=int, default=8, help="query heads (default 8)")
+    parser.add_argument("--kv-heads", type=int, default=2, help="key/value heads (default 2)")
+    parser.add_argument("--mlp", type=int, default=1408, help="SwiGLU width (default 1408)")
+    parser.add_argument("--vocab", type=int, default=4096, help="vocabulary (default 4096)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds per sequence (default 5)")
+    parser.add_argument("--trials", type=int, default=6, help="trials of each demand job (default 6)")
+    parser.add_argument(
+        "--tune-timeout", type=float, default=600.0, help="seconds the worker may tune for (default 600)"
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="a short run: " + ", ".join(f"--{k} {v}" for k, v in QUICK.items()),
+    )
+    args = parser.parse_args(argv)
+    if args.quick:
+        for name, value in QUICK.items():
+            setattr(args, name, value)
+    return args
+
+
+def progress(message: str) -> None:
+    print(f"model_step: {message}", file=sys.stderr, flush=True)
+
+
+def tokens_of(args: argparse.Namespace, seq: int) -> torch.Tensor:
+    """The token ids of a step: the same for every variant."""
+    generator = torch.Generator().manual_seed(seq)
+    return torch.randint(0, args.vocab, (args.batch, seq), generator=generator)
+
+
+def run_on_client(base: nn.Module, client: ConfigClient, args: argparse.Namespace) -> None:
+    """One inference and one training step per sequence length of a patched copy of ``base`` on
+    ``client``: the client meets, and counts as misses, every key the timed variants will ask."""
+    variant = on_operators(base, "d", "tiletune ops, on the client", client)
+    for seq in args.seqs:
+        for kind in STEPS:
+            variant.step(kind, tokens_of(args, seq))
+
+
+def tune_on_demand(
+    base: nn.Module, server: demand.TuningServer, args: argparse.Namespace, folder: Path
+) -> tuple[ConfigClient, dict[str, Any]]:
+    """The demand path (see the module docstring): a client holding the tuned configs, and what
+    the tuning did."""
+    chip = demand.register_this_chip(server)
+    client = demand.tuning_client(server)
+    progress(f"running the patched decoder once on a client of {server.url} ({chip})")
+    run_on_client(base, client, args)
+    queued = demand.report_misses(client, server)
+    progress(f"{len(queued)} demand jobs queued; a CPU worker tunes them ({args.trials} trials each)")
+    worker_s = demand.run_worker(server, folder, args.tune_timeout)
+    jobs = demand.job_summary(server)
+    progress(f"worker done in {worker_s:.0f} s: {jobs['states']}")
+    started = time.perf_counter()
+    configs = client.prefetch()
+    return client, {
+        "path": "demand",
+        "chip": chip,
+        "trials_per_job": args.trials,
+        "worker_s": worker_s,
+        "prefetched_configs": configs,
+        "prefetch_s": time.perf_counter() - started,
+        **jobs,
+    }
+
+
+def ratios(times: dict[str, dict[str, dict[str, Any]]], kind: str) -> dict[str, float]:
+    """The ratios of medians the goals speak of, for ``kind`` steps."""
+    median = {name: steps[kind]["median_ms"] for name, steps in times.items()}
+    return {
+        "d_over_a": median["d"] / median["a"],
+        "c_over_d": median["c"] / median["d"],
+        "e_over_b": median["e"] / median["b"],
+    }
+
+
+def measure_sequence(
+    base: nn.Module, client: ConfigClient | None, args: argparse.Namespace, seq: int
+) -> dict[str, Any]:
+    """Every variant's steps at ``seq`` tokens, timed round-robin; (d)'s profile and lookups."""
+    tokens = tokens_of(args, seq)
+    variants = make_variants(base, client)
+    progress(f"seq {seq}: warming up (compiling b and e)")
+    warm_up(variants, tokens)
+    samples = measure(variants, tokens, args.repeats)
+    times = {v.name: {kind: spread(samples[v.name][kind]) for kind in STEPS} for v in variants}
+    on_tuned = next(v for v in variants if v.name == "d")
+    progress(f"seq {seq}: profiling d, counting its lookups")
+    return {
+        "seq": seq,
+        "times": times,
+        "compile_s": {v.name: v.compile_s for v in variants if v.name in ("b", "e")},
+        "ratios": {kind: ratios(times, kind) for kind in STEPS},
+        "profile": {kind: operator_shares(on_tuned, kind, tokens) for kind in STEPS},
+        "lookups": lookups(on_tuned, times["d"], tokens),
+    }
+
+
+def lookups(variant: Variant, times: dict[str, dict[str, Any]], tokens: torch.Tensor) -> dict[str, Any]:
+    """(d)'s lookups per step and their share of its median step, per step kind (without a source:
+    the rules, nothing is looked up)."""
+    if variant.source is None:
+        return dict.fromkeys(STEPS)
+    return {kind: lookup_cost(variant, kind, tokens, times[kind]["median_ms"]) for kind in STEPS}
+
+
+def goals(sequences: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each goal, per sequence length and over all: measured on inference medians."""
+    found: dict[str, Any] = {}
+    for name, (bound, sense) in GOALS.items():
+        values = {}
+        for sequence in sequences:
+            if name == "lookups_share":
+                cost = sequence["lookups"]["inference"]
+                value = cost["get_share_of_step"] if cost is not None else None
+            else:
+                value = sequence["ratios"]["inference"][name]
+            values[str(sequence["seq"])] = value
+        met = [v is not None and (v <= bound if sense == "le" else v >= bound) for v in values.values()]
+        found[name] = {"bound": bound, "sense": sense, "values": values, "met": all(met)}
+    return found
+
+
+def document(
+    args: argparse.Namespace, shape: DecoderShape, tuning: dict[str, Any], sequences: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The benchmark's JSON document."""
+    return {
+        "benchmark": "model_step",
+        "quick": args.quick,
+        "model": {
+            **vars(shape),
+            "batch": args.batch,
+            "parameters": sum(p.numel() for p in build_decoder(shape).parameters()),
+        },
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+        },
+        "repeats": args.repeats,
+        "variants": {
+            "a": "torch eager",
+            "b": "torch.compile(a)",
+            "c": "tiletune ops, default rules",
+            "d": "tiletune ops, tuned configs",
+            "e": "torch.compile(d)",
+        },
+        "tuning": tuning,
+        "sequences": sequences,
+        "goals": goals(sequences),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    os.environ.pop("TILETUNE_URL", None)
+    configure()  # the process's source: the kernels' rules; (d) and (e) run under the client
+    shape = DecoderShape(args.layers, args.hidden, args.heads, args.kv_heads, args.mlp, args.vocab)
+    base = build_decoder(shape)
+    with tempfile.TemporaryDirectory() as folder, demand.tuning_server(Path(folder), args.trials) as server:
+        client, tuning = tune_on_demand(base, server, args, Path(folder))
+        try:
+            sequences = [measure_sequence(base, client, args, seq) for seq in args.seqs]
+        finally:
+            client.close()
+    json.dump(document(args, shape, tuning, sequences), sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()

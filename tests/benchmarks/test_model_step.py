@@ -1,0 +1,99 @@
+"""benchmarks/model_step.py's parts on a tiny decoder: the model, the timing's statistics, the profile,
+the lookups' count and the goals' verdicts (the benchmark itself runs for minutes: never here)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import torch
+
+import tiletune.nn
+from benchmarks.model.costs import lookup_cost, operator_shares
+from benchmarks.model.decoder import DecoderShape, build_decoder, next_token_loss
+from benchmarks.model.steps import on_operators, spread
+from benchmarks.model_step import goals
+from tiletune.client import ConfigClient
+from tiletune.kernels.defaults import client_settings
+
+TINY = DecoderShape(layers=2, hidden=64, heads=4, kv_heads=2, mlp=96, vocab=50)
+SEQ = 16
+
+
+def tokens() -> torch.Tensor:
+    return torch.randint(0, TINY.vocab, (1, SEQ), generator=torch.Generator().manual_seed(0))
+
+
+def offline_client() -> ConfigClient:
+    """A client with no server: every key answered by the kernels' rules."""
+    return ConfigClient(None, settings=client_settings(cache_dir=None))
+
+
+def test_the_patched_decoder_computes_the_eager_decoders_logits_and_gradients() -> None:
+    eager = build_decoder(TINY)
+    patched = tiletune.nn.patch(copy.deepcopy(eager))
+    assert sum(isinstance(m, tiletune.nn.Linear) for m in patched.modules()) == 7 * TINY.layers + 1
+    ids = tokens()
+    torch.testing.assert_close(patched(ids), eager(ids), rtol=1e-4, atol=1e-4)
+    next_token_loss(eager(ids), ids).backward()  # type: ignore[no-untyped-call]
+    next_token_loss(patched(ids), ids).backward()  # type: ignore[no-untyped-call]
+    for (name, mine), theirs in zip(patched.named_parameters(), eager.parameters(), strict=True):
+        assert mine.grad is not None, name
+        assert theirs.grad is not None, name
+        torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+def test_the_same_seed_builds_the_same_weights() -> None:
+    first, second = build_decoder(TINY, seed=3), build_decoder(TINY, seed=3)
+    for mine, theirs in zip(first.parameters(), second.parameters(), strict=True):
+        assert torch.equal(mine, theirs)
+    assert not torch.equal(build_decoder(TINY, seed=4).head.weight, first.head.weight)
+
+
+def test_spread_reports_the_median_and_nearest_rank_percentiles() -> None:
+    found = spread([float(ms) for ms in (9, 1, 5, 3, 7, 2, 4, 6, 8, 10, 11)])
+    assert found == {"median_ms": 6.0, "p10_ms": 2.0, "p90_ms": 10.0, "samples": 11}
+
+
+def test_a_step_asks_one_config_per_operator_call_and_the_profile_sees_each_operator() -> None:
+    variant = on_operators(build_decoder(TINY), "d", "tiny", offline_client())
+    ids = tokens()
+    variant.step("inference", ids)  # every key answered once: the counted step is all hits
+    cost = lookup_cost(variant, "inference", ids, step_ms=10.0)
+    # per layer: q, k, v, o, gate, up, down, two norms, the attention; then the final norm and the head
+    assert cost["calls_per_step"] == 10 * TINY.layers + 2
+    assert cost["distinct_keys"] == 7  # the layers share their keys
+    assert cost["get_share_of_step"] == pytest.approx(cost["calls_per_step"] * cost["get_ns_per_call"] / 10e6)
+    profile = operator_shares(variant, "inference", ids)
+    assert profile["operators"]["matmul"]["calls"] == 7 * TINY.layers + 1
+    assert profile["operators"]["fused_attention"]["calls"] == TINY.layers
+    assert profile["operators"]["rms_norm"]["calls"] == 2 * TINY.layers + 1
+    assert 0 < profile["self_share"] <= profile["total_share"] <= 1.0
+
+
+def _sequence(seq: int, medians: dict[str, float], lookups_share: float) -> dict[str, Any]:
+    inference = {
+        "d_over_a": medians["d"] / medians["a"],
+        "c_over_d": medians["c"] / medians["d"],
+        "e_over_b": medians["e"] / medians["b"],
+    }
+    return {
+        "seq": seq,
+        "ratios": {"inference": inference},
+        "lookups": {"inference": {"get_share_of_step": lookups_share}},
+    }
+
+
+def test_a_goal_is_met_only_when_every_sequence_meets_it() -> None:
+    found = goals(
+        [
+            _sequence(1024, {"a": 100, "b": 80, "c": 120, "d": 85, "e": 80}, 0.001),
+            _sequence(2048, {"a": 100, "b": 80, "c": 110, "d": 95, "e": 79}, 0.02),
+        ]
+    )
+    assert found["d_over_a"]["values"] == {"1024": 0.85, "2048": 0.95}
+    assert not found["d_over_a"]["met"]  # 2048 misses 0.90
+    assert not found["c_over_d"]["met"]  # 1.41 at 1024, 1.16 at 2048
+    assert found["e_over_b"]["met"]  # 1.0 and 0.99
+    assert not found["lookups_share"]["met"]
