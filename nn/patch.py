@@ -2,6 +2,8 @@
 
 - every ``torch.nn.RMSNorm`` and ``torch.nn.Linear`` module becomes tiletune's
   (:mod:`tiletune.nn.layers`: the same parameters, not copies, and the same ``state_dict``);
+- every Hugging Face RMSNorm (``LlamaRMSNorm`` and its kind, :mod:`tiletune.nn.hf_rms_norm`) runs
+  on the operator too (a subclass of its own class, so ``isinstance`` and its parameters hold);
 - the model's ``forward`` runs inside a torch function mode that sends
   ``torch.nn.functional.scaled_dot_product_attention`` to
   :func:`tiletune.nn.functional.scaled_dot_product_attention` (what a model's own attention code,
@@ -20,7 +22,7 @@ import torch
 import torch.nn.functional as torch_functional
 from torch.overrides import TorchFunctionMode
 
-from tiletune.nn import functional
+from tiletune.nn import functional, hf_rms_norm
 from tiletune.nn.layers import Linear, RMSNorm
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
@@ -52,6 +54,9 @@ def _swap_modules(module: torch.nn.Module) -> int:
             swapped += 1
         elif type(child) is torch.nn.Linear:
             child.__class__ = Linear
+            swapped += 1
+        elif hf_rms_norm.is_hf_rms_norm(child):
+            child.__class__ = hf_rms_norm.tiletune_class(type(child))
             swapped += 1
     return swapped
 

@@ -1,0 +1,52 @@
+"""Hugging Face's RMSNorm modules on ``torch.ops.tiletune.rms_norm``, recognised by shape, with no
+import of ``transformers``.
+
+A Hugging Face RMSNorm (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ``MistralRMSNorm`` and the many copies of
+them) is a module whose class name ends with ``RMSNorm``, with a 1-D ``weight`` and a float
+``variance_epsilon``, whose forward takes the hidden states alone and computes
+``weight * x / sqrt(mean(x^2, -1) + eps)`` in float32. :func:`tiletune_class` gives such a class a
+forward on :func:`tiletune.nn.functional.rms_norm` (an ``eps`` other than the kernel's 1e-6 runs
+torch's ``rms_norm``): the input and the weight in float32, the result cast to Llama's dtype
+(``weight`` and input dtypes promoted). Where both are one dtype, every Hugging Face variant returns
+that dtype; the result then differs from Llama's by at most one rounding of that dtype (Llama
+rounds the normalised input before the weight multiplies it, the kernel once at the end).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tiletune.nn import functional
+
+#: The forward each tiletune class has, by the class it was made from.
+_classes: dict[type[torch.nn.Module], type[torch.nn.Module]] = {}
+
+
+def is_hf_rms_norm(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a Hugging Face RMSNorm (see the module docstring) not yet tiletune's."""
+    weight = getattr(module, "weight", None)
+    return (
+        type(module).__name__.endswith("RMSNorm")
+        and type(module) not in _classes.values()
+        and isinstance(weight, torch.nn.Parameter)
+        and weight.dim() == 1
+        and isinstance(getattr(module, "variance_epsilon", None), float)
+    )
+
+
+def rms_norm_forward(self: Any, hidden_states: Tensor) -> Tensor:
+    """Llama's RMSNorm (in float32, cast back to the promoted dtype) on the operator."""
+    weight: Tensor = self.weight
+    dtype = torch.promote_types(weight.dtype, hidden_states.dtype)
+    normed = functional.rms_norm(hidden_states.float(), weight.float(), self.variance_epsilon)
+    return normed.to(dtype)
+
+
+def tiletune_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
+    """A subclass of ``cls`` (same name, one per class) whose forward is :func:`rms_norm_forward`."""
+    if cls not in _classes:
+        _classes[cls] = type(cls.__name__, (cls,), {"forward": rms_norm_forward, "__module__": __name__})
+    return _classes[cls]
