@@ -5,7 +5,8 @@ worker runs, is :mod:`tiletune.kernels.registry`, which holds a spec for each of
 
 A plugin declares its kernel's space under the entry-point group ``tiletune.spaces`` (an instance
 of :class:`~tiletune.kernels.declaration.KernelDeclaration`, or a subclass taking no arguments),
-and its spec under ``tiletune.kernels``::
+and its spec under ``tiletune.kernels``, with the same entry name (a server loads the first, a
+worker the second)::
 
     [project.entry-points."tiletune.spaces"]
     my_op = "my_package.space:MY_OP"
