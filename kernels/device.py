@@ -34,6 +34,7 @@ import torch
 from tiletune.client.chip import cpu_chip_name, cuda_chip_name, npu_chip_name
 from tiletune.client.wire import DEVICE_KINDS
 from tiletune.kernels.errors import DeviceUnavailableError, InputError
+from tiletune.kernels.native.spec import all_cores
 from tiletune.kernels.replay.declaration import REPLAY_KIND
 from tiletune.kernels.spec import DeviceLimits
 
@@ -189,9 +190,7 @@ def _cpu_l2_bytes() -> int:
 def cpu_chip() -> Chip:
     """This host's CPU: ``cpu/<model> (<ISA features>)/<cores>c``, L2 per core as local memory, and
     the cores the native kernels spread over (torch's intra-op threads: what a CPU worker reports)."""
-    limits = DeviceLimits(
-        local_memory_bytes=_cpu_l2_bytes(), kind="cpu", cores=max(1, torch.get_num_threads())
-    )
+    limits = DeviceLimits(local_memory_bytes=_cpu_l2_bytes(), kind="cpu", cores=all_cores())
     return Chip("cpu", cpu_chip_name(), limits)
 
 

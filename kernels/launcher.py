@@ -264,13 +264,19 @@ def _launch_operator(
 ) -> torch.Tensor:
     """``operator`` on ``tensors`` under ``client``: autograd and the config as :func:`launch` says.
     The tensors' dtype is checked as ever (float64, which the operator takes for gradient checks, is
-    not a launch dtype); keyword size dims are checked against the tensors; categorical ones are the
-    operator's flags."""
+    not a launch dtype); keyword size dims, unknown dims and flags out of their choices are refused
+    by the shape check (the operator reads the shape itself: a call with valid flags alone is read
+    once); categorical dims are the operator's flags."""
     from tiletune.kernels.ops.source import using_source
 
     _call_dtype(tensors, None)
-    _call_shape(spec, tensors, dims)
-    flags = {d.name: bool(dims[d.name]) for d in spec.dims if d.categorical and d.name in dims}
+    choices = {d.name: d.choices for d in spec.dims if d.choices is not None}
+    if any(
+        name not in choices or not isinstance(value, int) or int(value) not in choices[name]
+        for name, value in dims.items()
+    ):
+        _call_shape(spec, tensors, dims)  # size dims by keyword, or a flag out of its choices: refused
+    flags = {name: bool(value) for name, value in dims.items() if name in choices}
     with using_source(client):
         return operator(*tensors, **flags)
 

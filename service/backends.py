@@ -26,7 +26,7 @@ from sqlalchemy import ColumnElement, and_, false, or_
 
 from tiletune.kernels import KernelDeclaration, all_declarations
 from tiletune.kernels.declaration import PORTABLE_BACKEND
-from tiletune.kernels.native.space import NATIVE_BACKEND
+from tiletune.kernels.native.space import in_preference
 from tiletune.service.models import JobRow, WorkerRow
 
 #: Kernel name -> the implementations a worker offers of it, the one it prefers first.
@@ -52,20 +52,13 @@ def offered_backends(
         declared = spec.implementations
         if reported is not None:
             usable = [backend for backend in reported.get(name, ()) if backend in declared]
-            first = NATIVE_BACKEND if chip_kind == "cpu" else None
+            first = None  # the rule of a local run
         else:
             usable = [backend for backend in declared if backend in worker.backends]
             first = PORTABLE_BACKEND
         if usable:
-            offer[name] = _first(usable, first)
+            offer[name] = in_preference(usable, chip_kind, first)
     return offer
-
-
-def _first(backends: list[str], preferred: str | None) -> tuple[str, ...]:
-    """``backends`` with ``preferred`` moved to the front when it is among them."""
-    if preferred is None or preferred not in backends:
-        return tuple(backends)
-    return (preferred, *(backend for backend in backends if backend != preferred))
 
 
 def runnable(offer: Offer) -> ColumnElement[bool]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import socket
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from typing import Any
 
 import httpx
 
+from benchmarks.http_lookup import free_port
 from tiletune.client import ConfigClient
 from tiletune.kernels.defaults import client_settings
 from tiletune.tuner.measure.worker import Worker
@@ -59,13 +59,6 @@ class TuningServer:
     def http(self) -> httpx.Client:
         """A client of the server's API, as the admin."""
         return httpx.Client(base_url=self.url, headers=self.headers, timeout=30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _wait_healthy(url: str, process: subprocess.Popen[bytes], log_path: Path) -> None:
@@ -97,7 +90,7 @@ def _stop(process: subprocess.Popen[bytes]) -> None:
 def tuning_server(folder: Path, trials: int) -> Iterator[TuningServer]:
     """A ``tiletune server`` on ``folder/model_step.db`` whose demand jobs run ``trials`` trials."""
     token = "tt_" + secrets.token_urlsafe(32)
-    port = _free_port()
+    port = free_port()
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")},
         "TILETUNE_ADMIN_TOKEN": token,

@@ -4,14 +4,7 @@ its portable implementation.
 Its declaration (dims, knobs, working set, default rule, counts) is
 :mod:`tiletune.kernels.fused_attention.declaration`.
 
-Tiling: an output tile is one ``block_q`` block of queries; its steps are the
-``block_kv`` blocks of keys and values it attends to (with ``causal``, blocks
-entirely above the diagonal are skipped, and the one crossing the block's
-last query is cut there). A step copies the K and V blocks in
-(and, on a tile's first step, the Q block), computes the scores, and folds
-them into the tile's float32 accumulator with the online softmax (running row
-max and sum; the accumulator is rescaled when the max grows). The last step
-divides by the sum; copy-out writes the block of ``O``. A q block whose keys
+The tiling is the declaration's. Here, a q block whose keys
 fit one kv block has nothing to rescale: its one step is a plain softmax,
 computed in place by torch's fused softmax (one op instead of four passes).
 All batch x heads are processed at once as batched ops; the working set is

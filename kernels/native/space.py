@@ -36,6 +36,17 @@ BLOCK_DIM = Knob(
 )
 
 
+def in_preference(backends: Sequence[str], device_kind: str, first: str | None = None) -> tuple[str, ...]:
+    """``backends`` in the order a run on ``device_kind`` prefers them when it names none: ``first``
+    (default: ``native`` on a CPU, nothing elsewhere) moved to the front where it is among them,
+    the others in their order. One rule for a local run and for the server's lease."""
+    if first is None and device_kind == "cpu":
+        first = NATIVE_BACKEND
+    if first is None or first not in backends:
+        return tuple(backends)
+    return (first, *(backend for backend in backends if backend != first))
+
+
 def with_block_dim(knobs: Sequence[Knob]) -> tuple[Knob, ...]:
     """A portable kernel's knobs with :data:`BLOCK_DIM` inserted before ``buffer_num``."""
     names = [k.name for k in knobs]

@@ -23,7 +23,7 @@ import torch
 from tiletune.kernels.declaration import PORTABLE_BACKEND, Config, Shape
 from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.native.build import native_module, native_status
-from tiletune.kernels.native.space import NATIVE_BACKEND, NativeDeclaration
+from tiletune.kernels.native.space import NATIVE_BACKEND, NativeDeclaration, in_preference
 from tiletune.kernels.pipeline import require_backend
 from tiletune.kernels.spec import KernelSpec
 
@@ -44,10 +44,7 @@ def preferred_backend(spec: KernelSpec, device_kind: str) -> str:
 
     ``native`` on CPUs where the kernel has it (and it is built here), else the kernel's first.
     """
-    backends = spec.backends()
-    if device_kind == "cpu" and NATIVE_BACKEND in backends:
-        return NATIVE_BACKEND
-    return backends[0]
+    return in_preference(spec.backends(), device_kind)[0]
 
 
 def native_twin(kernel: str) -> NativeSpec:

@@ -4,16 +4,11 @@ portable implementation.
 Its declaration (dims, knobs, working set, default rule, counts) is
 :mod:`tiletune.kernels.softmax.declaration`.
 
-Tiling (shared with ``rms_norm`` through :class:`RowKernelSpec`): a tile is
-``tile_rows x tile_cols``. When ``tile_cols == cols`` a row tile is one step:
-copy-in, the whole-row op on the local tile, copy-out. When ``tile_cols <
-cols`` a row tile takes two passes over its column tiles (each step copies
-its column tile in again): a first pass that only accumulates per-row
-statistics, and a second pass that produces and copies out each column tile.
-Softmax's first pass is the online softmax: the running (max, rescaled sum)
-pair per row, kept as its log-sum-exp ``m + log(l)`` so that folding in a
-column tile is ``logaddexp`` (which rescales by the running max); the second
-pass writes ``exp(x - lse)``.
+The row-wise tiling (two passes over column tiles when ``tile_cols < cols``) is the
+declaration's, shared with ``rms_norm`` through :class:`RowKernelSpec`. Softmax's first pass is
+the online softmax: the running (max, rescaled sum) pair per row, kept as its log-sum-exp
+``m + log(l)`` so that folding in a column tile is ``logaddexp`` (which rescales by the running
+max); the second pass writes ``exp(x - lse)``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ under ``torch.compile``: same initial parameters, same batches, same losses and 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import pytest
@@ -205,13 +205,6 @@ def test_the_decoder_trains_the_same_on_tiletune_as_on_torch() -> None:
         losses.append(float(got))
     assert losses == sorted(losses, reverse=True)  # it learns the batch
     assert losses[-1] < losses[0] - 0.1
-
-
-@pytest.fixture
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
 
 
 @pytest.mark.usefixtures("fresh_dynamo")

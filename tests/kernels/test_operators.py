@@ -346,13 +346,6 @@ def every_operator_shapes(seq: int) -> list[tuple[str, dict[str, int], str]]:
     return [(name, shape, "float32") for name, shape in shapes]
 
 
-@pytest.fixture
-def fresh_dynamo() -> Iterator[None]:
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 @pytest.mark.usefixtures("fresh_dynamo")
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_compiling_every_operator_makes_one_graph_that_gives_the_eager_results(dynamic: bool) -> None:
