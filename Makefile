@@ -45,7 +45,7 @@ lint: relink
 	$(BIN)/ruff format --check .
 
 typecheck: relink
-	$(BIN)/mypy -p tiletune.kernels -p tiletune.nn -p tiletune.tuner -p tiletune.client -p tiletune.service -p tiletune.migrations
+	$(BIN)/mypy -p tiletune
 	$(BIN)/mypy tests benchmarks
 
 unit: relink

@@ -32,6 +32,21 @@ EntryKey = tuple[str, int, str, str]
 OnRefused = Callable[[BestConfigPublic, str], None]
 
 
+def with_defaults(shape: Mapping[str, int], info: KernelInfo | None) -> Mapping[str, int]:
+    """``shape`` with the dims it leaves out that have a default (``info.dim_defaults``) filled in,
+    as the server fills them: a value, or the value of the dim it names."""
+    if info is None or not info.dim_defaults or set(info.dims) <= shape.keys():
+        return shape
+    filled = dict(shape)
+    for dim in info.dims:
+        default = info.dim_defaults.get(dim)
+        if dim not in filled and default is not None:
+            named = filled.get(default) if isinstance(default, str) else default
+            if named is not None:
+                filled[dim] = named
+    return filled
+
+
 def canonical_shape(shape: Mapping[str, int], info: KernelInfo | None) -> str:
     """``dim=value,...`` in the kernel's dim order when known (the server's shape key), else as given."""
     if info is not None and set(info.dims) == shape.keys():
@@ -115,7 +130,8 @@ class KnownConfigs:
         self, kernel: str, version: int, shape: Mapping[str, int], dtype: str
     ) -> BestConfigPublic | None:
         """The entry tuned for exactly this key with this kernel version."""
-        key = (kernel, version, canonical_shape(shape, self.kernels.get(kernel)), dtype)
+        info = self.kernels.get(kernel)
+        key = (kernel, version, canonical_shape(with_defaults(shape, info), info), dtype)
         return self._entries.get(key)
 
     def nearest(
@@ -130,5 +146,5 @@ class KnownConfigs:
             for (k, v, _, d), entry in self._entries.items()
             if k == kernel and v == version and d == dtype
         )
-        found = nearest(shape, candidates, info.categorical, k=1)
+        found = nearest(with_defaults(shape, info), candidates, info.categorical, k=1)
         return found[0] if found else None

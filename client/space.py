@@ -71,11 +71,17 @@ class DeviceLimits:
 
 @dataclass(frozen=True)
 class Dim:
-    """One named problem dim. ``choices`` set for categorical dims (e.g. causal: 0/1)."""
+    """One named problem dim. ``choices`` set for categorical dims (e.g. causal: 0/1).
+
+    ``default`` lets a shape leave the dim out (a dim added to a kernel after its first keys):
+    an int is the value; a string names an earlier dim whose value it takes (``kv_heads``
+    defaults to ``heads``). ``None``: the dim is required.
+    """
 
     name: str
     doc: str
     choices: tuple[int, ...] | None = None
+    default: int | str | None = None
 
     @property
     def categorical(self) -> bool:

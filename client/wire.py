@@ -603,7 +603,9 @@ class KernelInfo(_Response):
     (``None`` from a server that does not send them, or for a kernel whose values
     follow a rule of its own); ``clamp_to`` the dim each tile knob is clamped to for a
     shape, by ``clamp_rule`` (``min``: ``min(value, dim)``; ``pow2_ceil``:
-    ``min(value, max(pow2_ceil(dim), min(values)))``). A rule a client does not know
+    ``min(value, max(pow2_ceil(dim), min(values)))``). ``dim_defaults``: the dims a shape may
+    leave out, each with its value or the name of the dim whose value it takes (``kv_heads``:
+    ``"heads"``; empty from a server that does not send them). A rule a client does not know
     leaves it checking the knob names alone. In a chip's bundle the values are that chip's
     (a knob that runs up to the chip's cores, the native kernels' ``block_dim``, lists the
     values up to the cores its workers report). The rules are
@@ -618,6 +620,7 @@ class KernelInfo(_Response):
     knob_values: dict[str, list[int]] | None = None
     clamp_to: dict[str, str] = Field(default_factory=dict)
     clamp_rule: str = "min"
+    dim_defaults: dict[str, int | str] = Field(default_factory=dict)
 
 
 class ConfigBundle(_Response):

@@ -179,8 +179,9 @@ class KernelDeclaration(ABC):
 
     Contract:
 
-    - ``parse_shape`` and ``parse_config`` accept exactly the declared dims and
-      knobs and raise :class:`ShapeError` / :class:`ConfigError` naming the field.
+    - ``parse_shape`` and ``parse_config`` accept exactly the declared dims (a dim with a
+      ``default`` may be left out) and knobs and raise :class:`ShapeError` /
+      :class:`ConfigError` naming the field.
     - ``invalid_reason`` returns ``None`` for a config that may run on a chip
       with ``limits``, else a human reason; nothing invalid is ever run.
     - ``space`` lists every valid config for a shape, dtype and chip, in a
@@ -214,7 +215,7 @@ class KernelDeclaration(ABC):
         """Validate a shape: every dim present, no extras, known choices, sizes in ``[1, MAX_DIM]``,
         and each tensor of a call within :data:`MAX_TENSOR_BYTES` (:meth:`check_tensor_bytes`)."""
         names = [d.name for d in self.dims]
-        missing = [n for n in names if n not in raw]
+        missing = [d.name for d in self.dims if d.name not in raw and d.default is None]
         if missing:
             raise ShapeError("shape", f"{self.name} needs dims {names}; missing {missing}")
         extra = [k for k in raw if k not in names]
@@ -222,7 +223,7 @@ class KernelDeclaration(ABC):
             raise ShapeError("shape", f"{self.name} has no dim(s) {extra}; its dims are {names}")
         shape: Shape = {}
         for dim in self.dims:
-            value = raw[dim.name]
+            value = raw[dim.name] if dim.name in raw else self._dim_default(dim, shape)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise ShapeError(f"shape.{dim.name}", f"must be an integer, got {value!r}")
             if dim.choices is not None:
@@ -235,6 +236,14 @@ class KernelDeclaration(ABC):
             shape[dim.name] = value
         self.check_tensor_bytes(shape)
         return shape
+
+    @staticmethod
+    def _dim_default(dim: Dim, shape: Shape) -> int:
+        """A left-out dim's value: its ``default``, or the value of the earlier dim it names
+        (``KeyError`` for a dim without a default)."""
+        if dim.default is None:
+            raise KeyError(dim.name)
+        return shape[dim.default] if isinstance(dim.default, str) else dim.default
 
     def check_tensor_bytes(self, shape: Shape) -> None:
         """Raise :class:`ShapeError` (field ``shape``) naming the tensor and its bytes when a tensor of
@@ -289,8 +298,13 @@ class KernelDeclaration(ABC):
         return config
 
     def canonical_shape(self, shape: Shape) -> str:
-        """The shape's canonical string, dims in spec order: ``m=64,n=64,k=64``."""
-        return ",".join(f"{d.name}={shape[d.name]}" for d in self.dims)
+        """The shape's canonical string, dims in spec order: ``m=64,n=64,k=64`` (a left-out dim
+        with a default: its default)."""
+        filled = dict(shape)
+        for dim in self.dims:
+            if dim.name not in filled:
+                filled[dim.name] = self._dim_default(dim, filled)
+        return ",".join(f"{d.name}={filled[d.name]}" for d in self.dims)
 
     # -- constraints and space ----------------------------------------------
 

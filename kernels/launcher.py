@@ -247,7 +247,11 @@ def launch(
     return selection.spec.run(tensors, selection.config, selection.shape, backend)
 
 
-def _operator(spec: KernelSpec) -> Callable[..., torch.Tensor] | None:
+#: An operator: ``fused_attention`` returns ``(out, lse)``, the others one tensor.
+Operator = Callable[..., torch.Tensor | tuple[torch.Tensor, ...]]
+
+
+def _operator(spec: KernelSpec) -> Operator | None:
     """The ``torch.ops.tiletune`` operator of a registered built-in kernel's spec, or None."""
     from tiletune.kernels.ops import OPERATORS
 
@@ -257,7 +261,7 @@ def _operator(spec: KernelSpec) -> Callable[..., torch.Tensor] | None:
 
 def _launch_operator(
     spec: KernelSpec,
-    operator: Callable[..., torch.Tensor],
+    operator: Operator,
     tensors: tuple[torch.Tensor, ...],
     client: ConfigSource | None,
     dims: Mapping[str, int | bool],
@@ -271,14 +275,29 @@ def _launch_operator(
 
     _call_dtype(tensors, None)
     choices = {d.name: d.choices for d in spec.dims if d.choices is not None}
+    arguments = _operator_flags(spec.name) & choices.keys()
     if any(
-        name not in choices or not isinstance(value, int) or int(value) not in choices[name]
+        name not in arguments or not isinstance(value, int) or int(value) not in choices[name]
         for name, value in dims.items()
-    ):
-        _call_shape(spec, tensors, dims)  # size dims by keyword, or a flag out of its choices: refused
-    flags = {name: bool(value) for name, value in dims.items() if name in choices}
+    ):  # size dims by keyword, a flag out of its choices, or a flag the tensors tell: checked
+        shape, told = _call_shape(spec, tensors, dims), spec.shape_of(tensors)
+        for name in dims:
+            if name in choices and name not in arguments and shape[name] != told[name]:
+                raise ShapeError(
+                    f"shape.{name}", f"the tensors say {told[name]}, the keyword says {shape[name]}"
+                )
+    flags = {name: int(value) for name, value in dims.items() if name in arguments}
     with using_source(client):
-        return operator(*tensors, **flags)
+        result = operator(*tensors, **flags)
+    return result[0] if isinstance(result, tuple) else result  # fused_attention: (out, lse)
+
+
+@functools.cache
+def _operator_flags(kernel: str) -> frozenset[str]:
+    """The categorical dims the kernel's operator takes as arguments (``causal``); the others
+    (``mask``: a tensor) the tensors tell."""
+    schema = getattr(torch.ops.tiletune, kernel).default._schema
+    return frozenset(argument.name for argument in schema.arguments if "Tensor" not in str(argument.type))
 
 
 def tiled(

@@ -14,7 +14,7 @@ rounds the normalised input before the weight multiplies it, the kernel once at 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -45,8 +45,25 @@ def rms_norm_forward(self: Any, hidden_states: Tensor) -> Tensor:
     return normed.to(dtype)
 
 
+def _reduce_ex(self: torch.nn.Module, protocol: Any) -> tuple[Any, tuple[torch.nn.Module]]:
+    """Pickle the module as its Hugging Face class (importable where transformers is) and swap it
+    back on load: the tiletune class itself is made at run time, so pickle could not find it."""
+    base = type(self).__mro__[1]
+    plain = cast(torch.nn.Module, object.__new__(base))
+    plain.__dict__.update(self.__dict__)  # the same parameters and buffers, under the base class
+    return on_tiletune, (plain,)
+
+
 def tiletune_class(cls: type[torch.nn.Module]) -> type[torch.nn.Module]:
-    """A subclass of ``cls`` (same name, one per class) whose forward is :func:`rms_norm_forward`."""
+    """A subclass of ``cls`` (same name, one per class) whose forward is :func:`rms_norm_forward`;
+    its instances pickle (``torch.save`` of a whole model) as ``cls``'s and come back as its own."""
     if cls not in _classes:
-        _classes[cls] = type(cls.__name__, (cls,), {"forward": rms_norm_forward, "__module__": __name__})
+        namespace = {"forward": rms_norm_forward, "__reduce_ex__": _reduce_ex, "__module__": __name__}
+        _classes[cls] = type(cls.__name__, (cls,), namespace)
     return _classes[cls]
+
+
+def on_tiletune(module: torch.nn.Module) -> torch.nn.Module:
+    """``module`` (a Hugging Face RMSNorm) with its class swapped for :func:`tiletune_class`'s."""
+    module.__class__ = tiletune_class(type(module))
+    return module

@@ -15,7 +15,6 @@ and before ``torch.compile``.
 
 from __future__ import annotations
 
-import weakref
 from typing import Any, TypeVar
 
 import torch
@@ -26,9 +25,6 @@ from tiletune.nn import functional, hf_rms_norm
 from tiletune.nn.layers import Linear, RMSNorm
 
 ModelT = TypeVar("ModelT", bound=torch.nn.Module)
-
-#: The models whose forward runs in :class:`AttentionMode` already.
-_patched: weakref.WeakSet[torch.nn.Module] = weakref.WeakSet()
 
 
 class AttentionMode(TorchFunctionMode):
@@ -61,17 +57,26 @@ def _swap_modules(module: torch.nn.Module) -> int:
     return swapped
 
 
+class ForwardInAttentionMode:
+    """A patched model's ``forward``: the model's own, inside :class:`AttentionMode`. An object, not a
+    closure, so that a patched model pickles whole (``torch.save(model)``)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.own_forward = model.__dict__.get("forward")  # a forward set on the instance, if any
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """The model's forward on ``args``, its attention on tiletune's operator."""
+        with AttentionMode():
+            if self.own_forward is not None:
+                return self.own_forward(*args, **kwargs)
+            return type(self.model).forward(self.model, *args, **kwargs)
+
+
 def patch(model: ModelT) -> ModelT:
     """Run ``model`` on tiletune's operators (see the module docstring); returns it, patched in place."""
     _swap_modules(model)
-    if model in _patched:
+    if isinstance(model.__dict__.get("forward"), ForwardInAttentionMode):
         return model
-    forward = model.forward
-
-    def patched_forward(*args: Any, **kwargs: Any) -> Any:
-        with AttentionMode():
-            return forward(*args, **kwargs)
-
-    model.forward = patched_forward
-    _patched.add(model)
+    model.forward = ForwardInAttentionMode(model)
     return model

@@ -12,10 +12,10 @@
 mask builder to its ``AttentionMaskInterface`` under the name ``"tiletune"``: a model then builds
 the masks it builds for ``"sdpa"`` (none for causal attention without padding; a boolean
 ``[batch, 1, seq_q, seq_kv]`` mask otherwise) and calls :func:`attention_forward` with them.
-Causal attention without a mask, and attention without a mask (one query token, as in decoding),
-runs ``torch.ops.tiletune.fused_attention``; a mask or dropout runs torch's
-``scaled_dot_product_attention`` (:mod:`tiletune.nn.functional`'s fallback, one log line); what
-sdpa's own path adds (``position_bias``, ``softcap``) runs transformers' ``sdpa_attention_forward``.
+Every one of them runs ``torch.ops.tiletune.fused_attention`` (grouped kv heads read in place, the
+boolean mask as an additive one); dropout runs torch's ``scaled_dot_product_attention``
+(:mod:`tiletune.nn.functional`'s fallback, one log line); what sdpa's own path adds
+(``position_bias``, ``softcap``) runs transformers' ``sdpa_attention_forward``.
 
 Needs ``transformers>=4.53`` (the ``tiletune[models]`` extra): its masks come from
 ``AttentionMaskInterface`` since then. :mod:`tiletune.nn` never imports this module.
@@ -65,9 +65,6 @@ def attention_forward(  # noqa: PLR0917  (transformers' contract, positions incl
         )  # fmt: skip
         return out
     groups = int(getattr(module, "num_key_value_groups", 1))
-    if groups > 1 and attention_mask is not None:  # torch's masked attention: kv heads of its own
-        key = key.repeat_interleave(groups, dim=1)
-        value = value.repeat_interleave(groups, dim=1)
     q_length = query.shape[2]
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     # The shape first: under torch.compile with dynamic shapes ``q_length > 1`` is symbolic.

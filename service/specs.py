@@ -91,6 +91,7 @@ def kernel_info(spec: KernelDeclaration, limits: DeviceLimits | None = None) -> 
         knob_values={knob.name: list(candidates(knob, limits)) for knob in spec.knobs} if rule else None,
         clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
         clamp_rule=rule or CLAMP_MIN,
+        dim_defaults={dim.name: dim.default for dim in spec.dims if dim.default is not None},
     )
 
 

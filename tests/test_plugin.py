@@ -121,3 +121,36 @@ def test_a_plugin_declaring_only_a_spec_is_declared_by_its_spec(tmp_path: Path) 
 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "GeluSpec"
+
+
+OPERATOR_CHECK = """
+import torch
+from torch.nn import functional
+import tiletune
+import tiletune_example_gelu.operator
+from tiletune.kernels import launch
+
+x = torch.randn(3000, requires_grad=True)
+y = torch.ops.tiletune.gelu(x)
+torch.testing.assert_close(y, functional.gelu(x, approximate="tanh"), atol=1e-6, rtol=1e-5)
+(grad,) = torch.autograd.grad(y.sum(), x)
+(expected,) = torch.autograd.grad(functional.gelu(x, approximate="tanh").sum(), x)
+torch.testing.assert_close(grad, expected, atol=1e-6, rtol=1e-5)
+small = torch.randn(7, dtype=torch.float64, requires_grad=True)
+assert torch.autograd.gradcheck(torch.ops.tiletune.gelu, (small,))
+assert launch("gelu", x, client=None).grad_fn is not None
+explanation = torch._dynamo.explain(lambda t: torch.ops.tiletune.gelu(t) * 2)(x)
+assert (explanation.graph_count, explanation.graph_break_count) == (1, 0), explanation
+print("operator ok")
+"""
+
+
+def test_a_plugin_kernel_becomes_an_operator_with_one_call(plugin_path: Path) -> None:
+    """``register_operator``: forward and gradient as torch's, gradcheck, ``launch`` through it, one
+    graph under dynamo."""
+    env = {**os.environ, "PYTHONPATH": str(plugin_path)}
+    result = subprocess.run(
+        [sys.executable, "-c", OPERATOR_CHECK], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "operator ok"

@@ -88,19 +88,12 @@ def _ns_per_call(calls: Iterator[Callable[[], object]], batch: int) -> float:
 
 
 def _selection_call(source: ConfigSource, key: Key) -> Callable[[], object]:
-    """``select_config`` of ``key`` under ``source``, on empty-strided tensors of the key's shape."""
-    kernel, items, _ = key
+    """``select_config`` of ``key`` under ``source``, on the kernel's own inputs for the key's shape
+    (its layouts, kv heads and mask as the key says)."""
+    kernel, items, dtype = key
     shape = dict(items)
-    if kernel == "matmul":
-        tensors = [torch.empty(shape["m"], shape["k"]), torch.empty(shape["k"], shape["n"])]
-    elif kernel == "rms_norm":
-        tensors = [torch.empty(shape["rows"], shape["cols"]), torch.empty(shape["cols"])]
-    elif kernel == "fused_attention":
-        size = (shape["batch"], shape["heads"], shape["seq_q"], shape["head_dim"])
-        tensors = [torch.empty(size) for _ in range(3)]
-    else:
-        tensors = [torch.empty(*shape.values()) for _ in range(2)]
     spec = get_kernel(kernel)
+    tensors = spec.make_inputs(spec.parse_shape(shape), dtype, torch.device("cpu"))
     if "causal" in shape:
         return lambda: select_config(spec, *tensors, client=source, causal=shape["causal"])
     return lambda: select_config(spec, *tensors, client=source)

@@ -11,26 +11,35 @@ from matplotlib import ticker
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+#: Flags of a key read as words after its sizes (value -> word; a value not listed: nothing).
+FLAG_WORDS = {
+    "causal": {"1": "causal", "2": "causal bottom-right"},
+    "mask": {"1": "masked"},
+    "a_transposed": {"1": "A^T"},
+    "b_transposed": {"1": "B^T"},
+}
+
 
 def shape_label(shape_key: str) -> str:
     """A canonical shape key, short: ``m=512,n=512,k=512`` -> ``512×512×512``.
 
-    Powers of two from 2^16 up read as ``2^22``; ``causal=1`` reads ``causal`` and ``causal=0``
-    is left out, so an attention key reads ``1×4×256×256×64 causal``.
+    Powers of two from 2^16 up read as ``2^22``; flags read as words (:data:`FLAG_WORDS`: ``causal=1``
+    reads ``causal``, ``b_transposed=1`` ``B^T``; 0 is left out), and ``kv_heads`` only where it
+    differs from ``heads`` (``kv 2``), so an attention key reads ``1×4×256×256×64 causal``.
     """
+    pairs = dict(pair.partition("=")[::2] for pair in shape_key.split(","))
     values: list[str] = []
-    causal = False
-    for pair in shape_key.split(","):
-        name, _, value = pair.partition("=")
-        if name == "causal":
-            causal = value == "1"
-            continue
-        number = int(value) if value.isdigit() else None
-        if number is not None and number >= 1 << 16 and number & (number - 1) == 0:
-            values.append(f"2^{number.bit_length() - 1}")
+    words: list[str] = []
+    for name, value in pairs.items():
+        if name in FLAG_WORDS:
+            words.extend([FLAG_WORDS[name][value]] if value in FLAG_WORDS[name] else [])
+        elif name == "kv_heads":
+            words.extend([f"kv {value}"] if value != pairs.get("heads") else [])
         else:
-            values.append(value)
-    return "×".join(values) + (" causal" if causal else "")
+            number = int(value) if value.isdigit() else None
+            big_power = number is not None and number >= 1 << 16 and number & (number - 1) == 0
+            values.append(f"2^{number.bit_length() - 1}" if big_power and number is not None else value)
+    return " ".join(["×".join(values), *words])
 
 
 #: The ratios labelled on the log axis (those in view).

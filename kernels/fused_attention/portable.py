@@ -1,171 +1,48 @@
-"""``fused_attention`` forward: ``O = softmax(Q K^T / sqrt(head_dim) + mask) V``, FlashAttention-2 style:
+"""``fused_attention`` forward: ``O = softmax(scale * Q K^T + mask) V``, FlashAttention-2 style:
 its portable implementation.
 
 Its declaration (dims, knobs, working set, default rule, counts) is
-:mod:`tiletune.kernels.fused_attention.declaration`.
+:mod:`tiletune.kernels.fused_attention.declaration`; its tiles and online softmax are
+:mod:`~tiletune.kernels.fused_attention.tiles`; its reference is
+:mod:`~tiletune.kernels.fused_attention.formula`.
 
-The tiling is the declaration's. Here, a q block whose keys
-fit one kv block has nothing to rescale: its one step is a plain softmax,
-computed in place by torch's fused softmax (one op instead of four passes).
-All batch x heads are processed at once as batched ops; the working set is
-counted per (batch, head), which is what one core holds when cores split
-batch x heads.
+The tiling is the declaration's. Here, a q block whose keys fit one kv block (and whose rows all
+see a key) has nothing to rescale: its one step is a plain softmax, computed in place by torch's
+fused softmax (one op instead of four passes). All batch x heads are processed at once as batched
+ops; grouped k and v blocks are copied into their slots once per query head of the group.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from tiletune.kernels.declaration import Config, Shape
-from tiletune.kernels.fused_attention.declaration import FusedAttentionDeclaration
+from tiletune.kernels.errors import ShapeError
+from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention.declaration import CAUSAL_BOTTOM_RIGHT, FusedAttentionDeclaration
+from tiletune.kernels.fused_attention.tiles import LOG2_E, CausalMask, OnlineSoftmax, attention_steps
 from tiletune.kernels.native.space import NATIVE_BACKEND
-from tiletune.kernels.native.spec import native_backends, run_native
+from tiletune.kernels.native.spec import native_backends
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype, widened
+from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype
 
-LOG2_E = math.log2(math.e)
-
-
-@dataclass(frozen=True)
-class AttentionStep:
-    """One (q block, kv block) pair: ``first``/``last`` of its q block, ``masked`` across the diagonal."""
-
-    tile: int
-    q: slice
-    kv: slice
-    first: bool
-    last: bool
-    masked: bool
-
-    @property
-    def rows(self) -> int:
-        """Queries in the block."""
-        return int(self.q.stop - self.q.start)
-
-    @property
-    def cols(self) -> int:
-        """Keys in the block."""
-        return int(self.kv.stop - self.kv.start)
+AttentionOutputs = tuple[torch.Tensor, torch.Tensor]
+"""``(out [batch, heads, seq_q, head_dim], lse [batch, heads, seq_q] float32)``."""
 
 
-def attention_steps(
-    seq_q: int, seq_kv: int, block_q: int, block_kv: int, causal: bool
-) -> list[AttentionStep]:
-    """Every step, q block after q block.
-
-    With ``causal``, keys after the block's last query are never visited: kv
-    blocks starting there are skipped and the block that crosses it is cut short.
-    """
-    steps = []
-    for tile, q0 in enumerate(range(0, seq_q, block_q)):
-        q = slice(q0, min(seq_q, q0 + block_q))
-        kv_end = min(seq_kv, q.stop) if causal else seq_kv
-        starts = range(0, kv_end, block_kv)
-        for n, kv0 in enumerate(starts):
-            kv = slice(kv0, min(kv_end, kv0 + block_kv))
-            masked = causal and kv.stop - 1 > q.start
-            steps.append(AttentionStep(tile, q, kv, n == 0, n == len(starts) - 1, masked))
-    return steps
-
-
-class CausalMask:
-    """The masks (key ``j`` > query ``i``) of steps that straddle the diagonal, from one offsets table."""
-
-    def __init__(self, block_q: int, block_kv: int, device: torch.device) -> None:
-        self._offsets = torch.arange(block_kv, device=device) - torch.arange(block_q, device=device)[:, None]
-
-    def of(self, step: AttentionStep) -> torch.Tensor | None:
-        """``[rows, cols]`` booleans, True where masked; None for a step below the diagonal."""
-        if not step.masked:
-            return None
-        diagonal = int(step.q.start - step.kv.start)
-        return self._offsets[: step.rows, : step.cols] > diagonal
-
-
-@dataclass
-class OnlineSoftmax:
-    """The compute stage's float32 state for one q block: scores, running max and sum, scratch."""
-
-    scores: torch.Tensor
-    row_max: torch.Tensor
-    block_max: torch.Tensor
-    row_sum: torch.Tensor
-    scale: torch.Tensor
-
-    @classmethod
-    def allocate(cls, heads: int, block_q: int, block_kv: int, device: torch.device) -> OnlineSoftmax:
-        """Flat float32 buffers sized for full blocks."""
-
-        def f32(size: int) -> torch.Tensor:
-            return torch.empty(size, dtype=torch.float32, device=device)
-
-        rows = heads * block_q
-        return cls(f32(rows * block_kv), f32(rows), f32(rows), f32(rows), f32(rows))
-
-    @staticmethod
-    def _view(flat: torch.Tensor, *size: int) -> torch.Tensor:
-        return flat[: math.prod(size)].view(size)
-
-    def fold(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        acc: torch.Tensor,
-        *,
-        first: bool,
-        mask: torch.Tensor | None,
-    ) -> None:
-        """Fold one kv block into ``acc`` (``[bh, rows, head_dim]``).
-
-        ``q`` is pre-scaled by ``log2(e) / sqrt(head_dim)``, so scores are in base 2 and
-        ``exp2`` replaces ``exp`` (same result, a cheaper vectorised kernel on CPUs).
-        """
-        bh, rows, cols = q.shape[0], q.shape[1], k.shape[1]
-        scores = self._view(self.scores, bh, rows, cols)
-        row_max, block_max = self._view(self.row_max, bh, rows, 1), self._view(self.block_max, bh, rows, 1)
-        row_sum, scale = self._view(self.row_sum, bh, rows, 1), self._view(self.scale, bh, rows, 1)
-        torch.bmm(q, k.transpose(1, 2), out=scores)
-        if mask is not None:
-            scores.masked_fill_(mask, -math.inf)
-        if first:
-            torch.amax(scores, -1, keepdim=True, out=row_max)
-            scores.sub_(row_max).exp2_()
-            torch.sum(scores, -1, keepdim=True, out=row_sum)
-            torch.bmm(scores, v, out=acc)
-            return
-        torch.amax(scores, -1, keepdim=True, out=block_max)
-        torch.maximum(block_max, row_max, out=block_max)
-        scores.sub_(block_max).exp2_()
-        torch.sub(row_max, block_max, out=scale).exp2_()
-        row_max.copy_(block_max)
-        torch.sum(scores, -1, keepdim=True, out=block_max)
-        torch.addcmul(block_max, row_sum, scale, out=row_sum)
-        acc.mul_(scale).baddbmm_(scores, v)
-
-    def whole(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, acc: torch.Tensor, mask: torch.Tensor | None
-    ) -> None:
-        """``acc = softmax(q k^T + mask) v`` for a q block whose keys are all in this one step.
-
-        ``q`` is pre-scaled by ``1 / sqrt(head_dim)`` (natural base: torch's softmax).
-        """
-        bh, rows, cols = q.shape[0], q.shape[1], k.shape[1]
-        scores = self._view(self.scores, bh, rows, cols)
-        torch.bmm(q, k.transpose(1, 2), out=scores)
-        if mask is not None:
-            scores.masked_fill_(mask, -math.inf)
-        torch.softmax(scores, -1, out=scores)
-        torch.bmm(scores, v, out=acc)
-
-    def finish(self, acc: torch.Tensor) -> None:
-        """Divide the accumulator by the row sums."""
-        bh, rows = acc.shape[0], acc.shape[1]
-        acc.div_(self._view(self.row_sum, bh, rows, 1))
+def _expect_mask(mask: torch.Tensor, q: torch.Tensor, seq_kv: int) -> None:
+    """Raise :class:`ShapeError` unless ``mask`` is additive in q's dtype and broadcasts to
+    ``[batch, heads, seq_q, seq_kv]`` with whole ``seq_q x seq_kv`` planes."""
+    expect_ndim("mask", mask, 4, "[batch or 1, heads or 1, seq_q, seq_kv]")
+    for index, dim in ((0, "batch"), (1, "heads")):
+        if mask.shape[index] not in (1, q.shape[index]):
+            expect_size("mask", mask.shape[index], q.shape[index], f"its {dim} (dim {index}) or 1")
+    expect_size("mask", mask.shape[2], q.shape[2], "its seq_q (dim 2, as q's)")
+    expect_size("mask", mask.shape[3], seq_kv, "its seq_kv (dim 3, as k's)")
+    if mask.dtype != q.dtype:
+        raise ShapeError("inputs.mask", f"must be additive in q's dtype ({q.dtype}), got {mask.dtype}")
 
 
 class FusedAttentionSpec(FusedAttentionDeclaration, KernelSpec):
@@ -176,105 +53,162 @@ class FusedAttentionSpec(FusedAttentionDeclaration, KernelSpec):
         return native_backends()
 
     def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
-        """From ``q [batch, heads, seq_q, head_dim]`` and ``k``, ``v [batch, heads, seq_kv, head_dim]``.
+        """From ``q [batch, heads, seq_q, head_dim]``, ``k``, ``v [batch, kv_heads, seq_kv, head_dim]``
+        and, as a fourth input, an additive mask (``mask=1``; see the declaration).
 
         The tensors cannot tell ``causal``: it is 0 here; ``launch(..., causal=1)`` sets it.
         """
-        expect_inputs(self.name, inputs, ("q", "k", "v"))
-        q, k, v = inputs
+        names = ("q", "k", "v", "mask") if len(inputs) == 4 else ("q", "k", "v")
+        expect_inputs(self.name, inputs, names)
+        q, k, v = inputs[:3]
         layout = "[batch, heads, seq, head_dim]"
-        for name, tensor in zip("qkv", inputs, strict=True):
+        for name, tensor in zip("qkv", inputs[:3], strict=True):
             expect_ndim(name, tensor, 4, layout)
         batch, heads, seq_q, head_dim = q.shape
         for name, tensor in (("k", k), ("v", v)):
-            for index, dim in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+            for index, dim in ((0, "batch"), (3, "head_dim")):
                 expect_size(name, tensor.shape[index], q.shape[index], f"its {dim} (dim {index})")
+        expect_size("v", v.shape[1], k.shape[1], "its kv_heads (dim 1, as k's)")
         expect_size("v", v.shape[2], k.shape[2], "its seq_kv (dim 2, as k's)")
-        return {
-            "batch": batch,
-            "heads": heads,
-            "seq_q": seq_q,
-            "seq_kv": k.shape[2],
-            "head_dim": head_dim,
-            "causal": 0,
-        }
+        if len(inputs) == 4:
+            _expect_mask(inputs[3], q, k.shape[2])
+        shape = {"batch": batch, "heads": heads, "kv_heads": k.shape[1], "seq_q": seq_q}
+        return shape | {"seq_kv": k.shape[2], "head_dim": head_dim, "causal": 0, "mask": len(inputs) - 3}
 
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0
     ) -> tuple[torch.Tensor, ...]:
-        """``q``, ``k``, ``v`` standard normal."""
+        """``q``, ``k``, ``v`` standard normal; with ``mask``, a ``[batch, 1, seq_q, seq_kv]`` bias
+        (standard normal, ``-inf`` on about a tenth of the keys: padding)."""
         generator = torch.Generator().manual_seed(seed)
-        b, h, d = shape["batch"], shape["heads"], shape["head_dim"]
-        sizes = ((b, h, shape["seq_q"], d), (b, h, shape["seq_kv"], d), (b, h, shape["seq_kv"], d))
-        return tuple(torch.randn(s, generator=generator).to(device, torch_dtype(dtype)) for s in sizes)
+        b, h, hkv, d = shape["batch"], shape["heads"], shape["kv_heads"], shape["head_dim"]
+        sq, skv = shape["seq_q"], shape["seq_kv"]
+        sizes = [(b, h, sq, d), (b, hkv, skv, d), (b, hkv, skv, d)]
+        tensors = [torch.randn(s, generator=generator) for s in sizes]
+        if shape.get("mask"):
+            bias = torch.randn((b, 1, sq, skv), generator=generator)
+            hidden = torch.rand((b, 1, 1, skv), generator=generator) < 0.1
+            tensors.append(bias.masked_fill(hidden, float("-inf")))
+        return tuple(t.to(device, torch_dtype(dtype)) for t in tensors)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """Explicit ``softmax(Q K^T * scale + mask) V`` in float32 (float64 for float64; not SDPA)."""
-        q, k, v = (widened(t) for t in inputs)
-        scores = q @ k.transpose(-2, -1) * shape["head_dim"] ** -0.5
-        if shape["causal"]:
-            above = torch.ones(shape["seq_q"], shape["seq_kv"], dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(above, -math.inf)
-        return torch.softmax(scores, dim=-1) @ v
+        """The explicit formula (:func:`~tiletune.kernels.fused_attention.formula.attention`) in float32
+        (float64 for float64), not SDPA."""
+        q, k, v = inputs[:3]
+        mask = inputs[3] if len(inputs) == 4 else None
+        return formula.attention(q, k, v, mask=mask, causal=shape["causal"])[0]
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled attention through the pipeline executor (``native``: the C++ kernel)."""
+        """The attention's output (:meth:`attend`'s first)."""
+        return self.attend(inputs, config, shape, backend)[0]
+
+    def attend(
+        self,
+        inputs: Sequence[torch.Tensor],
+        config: Config,
+        shape: Shape,
+        backend: str = "torch",
+        scale: float | None = None,
+    ) -> AttentionOutputs:
+        """``(out, lse)`` of ``inputs`` (``q, k, v`` and, with ``mask``, the mask) under ``config``:
+        the tiled pipeline (``native``: the C++ kernel). ``scale``: ``None`` is ``1 / sqrt(head_dim)``."""
         if backend == NATIVE_BACKEND:
-            return run_native("fused_attention", inputs, config, shape)
+            from tiletune.kernels.fused_attention.native import SPEC as NATIVE
+
+            return NATIVE.attend(inputs, config, shape, NATIVE_BACKEND, scale)
         require_backend(self.backends(), backend)
-        b, h, d = shape["batch"], shape["heads"], shape["head_dim"]
-        bh, bq, bkv, buffers = b * h, config["block_q"], config["block_kv"], config["buffer_num"]
-        q, k, v = (t.reshape(bh, t.shape[2], d) for t in inputs)
-        out = torch.empty((bh, shape["seq_q"], d), dtype=q.dtype, device=q.device)
-        steps = attention_steps(shape["seq_q"], shape["seq_kv"], bq, bkv, bool(shape["causal"]))
-        q_slots, k_slots, v_slots = (Slots(buffers, bh * n * d, q.dtype, q.device) for n in (bq, bkv, bkv))
-        accumulators = Slots(buffers, bh * bq * d, torch.float32, q.device)
-        low = q.dtype != torch.float32
-        upcast = Slots(3 if low else 0, bh * max(bq, bkv) * d, torch.float32, q.device)
-        state = OnlineSoftmax.allocate(bh, bq, bkv, q.device)
-        masks = CausalMask(bq, bkv, q.device) if shape["causal"] else None
-        scale = d**-0.5  # the online softmax works in base 2 (exp2 is cheaper than exp): times log2(e)
+        return _TiledAttention(inputs, config, shape, formula.scale_of(shape["head_dim"], scale)).run()
 
-        def copy_in(step: int, slot: int) -> None:
-            s = steps[step]
-            if s.first:
-                q_slots.view(s.tile % buffers, (bh, s.rows, d)).copy_(q[:, s.q])
-            k_slots.view(slot, (bh, s.cols, d)).copy_(k[:, s.kv])
-            v_slots.view(slot, (bh, s.cols, d)).copy_(v[:, s.kv])
 
-        def compute(step: int, slot: int, out_slot: int) -> None:
-            s = steps[step]
-            q_tile = q_slots.view(out_slot, (bh, s.rows, d))
-            k_tile, v_tile = k_slots.view(slot, (bh, s.cols, d)), v_slots.view(slot, (bh, s.cols, d))
-            if low:  # compute in float32 on upcast copies
-                q_tile, q_local = upcast.view(0, (bh, s.rows, d)), q_tile
-                k_tile = upcast.view(1, (bh, s.cols, d)).copy_(k_tile)
-                v_tile = upcast.view(2, (bh, s.cols, d)).copy_(v_tile)
-            else:
-                q_local = q_tile
-            whole = s.first and s.last
-            if s.first:
-                torch.mul(q_local, scale if whole else scale * LOG2_E, out=q_tile)
-            acc = accumulators.view(out_slot, (bh, s.rows, d))
-            mask = masks.of(s) if masks is not None else None
-            if whole:
-                state.whole(q_tile, k_tile, v_tile, acc, mask)
-                return
-            state.fold(q_tile, k_tile, v_tile, acc, first=s.first, mask=mask)
-            if s.last:
-                state.finish(acc)
+class _TiledAttention:
+    """One portable call: the queues' slots, the online softmax state and the three stages."""
 
-        def copy_out(tile: int, out_slot: int) -> None:
-            q_block = q_blocks[tile]
-            out[:, q_block].copy_(accumulators.view(out_slot, (bh, q_block.stop - q_block.start, d)))
+    def __init__(self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, scale: float) -> None:
+        b, h, hkv, d = shape["batch"], shape["heads"], shape["kv_heads"], shape["head_dim"]
+        self.shape, self.sizes, self.scale = shape, (b, h, hkv, d), scale
+        self.buffers, self.depth = config["buffer_num"], config["pipeline_depth"]
+        bq, bkv, bh, buffers = config["block_q"], config["block_kv"], b * h, config["buffer_num"]
+        q, k, v = inputs[:3]
+        self.q = q.reshape(bh, shape["seq_q"], d)
+        # k and v seen per query head, without a copy: [batch, kv_heads, group, seq_kv, d]
+        self.k, self.v = (
+            t.view(b, hkv, 1, t.shape[2], d).expand(b, hkv, h // hkv, t.shape[2], d) for t in (k, v)
+        )
+        self.mask = inputs[3] if len(inputs) == 4 else None
+        self.out = torch.empty((bh, shape["seq_q"], d), dtype=q.dtype, device=q.device)
+        self.lse = torch.empty((bh, shape["seq_q"]), dtype=torch.float32, device=q.device)
+        causal, sq, skv = shape["causal"], shape["seq_q"], shape["seq_kv"]
+        self.steps = attention_steps(sq, skv, bq, bkv, causal)
+        self.slots = [Slots(buffers, bh * n * d, q.dtype, q.device) for n in (bq, bkv, bkv)]
+        self.accumulators = Slots(buffers, bh * bq * d, torch.float32, q.device)
+        self.low = q.dtype != torch.float32
+        self.upcast = Slots(3 if self.low else 0, bh * max(bq, bkv) * d, torch.float32, q.device)
+        self.state = OnlineSoftmax.allocate(bh, bq, bkv, q.device)
+        self.causal = CausalMask((bq, bkv), sq, skv, causal, q.device) if causal else None
+        # a row may see no key: the one-step softmax (torch's) would give NaN there
+        self.may_be_empty = self.mask is not None or (causal == CAUSAL_BOTTOM_RIGHT and sq > skv)
 
-        q_blocks = [s.q for s in steps if s.first]
-        tile_steps = [sum(1 for s in steps if s.tile == t) for t in range(len(q_blocks))]
-        loop = TiledLoop(tile_steps, copy_in, compute, copy_out)
-        execute(loop, buffers, config["pipeline_depth"], q.device)
-        return out.view(b, h, shape["seq_q"], d)
+    def copy_in(self, step: int, slot: int) -> None:
+        """The step's K and V blocks (and, first in its tile, the Q block) into their slots."""
+        s, (b, h, hkv, d) = self.steps[step], self.sizes
+        q_slots, k_slots, v_slots = self.slots
+        if s.first:
+            q_slots.view(s.tile % self.buffers, (b * h, s.rows, d)).copy_(self.q[:, s.q])
+        size = (b, hkv, h // hkv, s.cols, d)
+        k_slots.view(slot, size).copy_(self.k[:, :, :, s.kv])
+        v_slots.view(slot, size).copy_(self.v[:, :, :, s.kv])
+
+    def compute(self, step: int, slot: int, out_slot: int) -> None:
+        """Scores of the step, masked, folded into the tile's accumulator (finished on its last)."""
+        s, (b, h, _, d) = self.steps[step], self.sizes
+        bh, (q_slots, k_slots, v_slots) = b * h, self.slots
+        q_tile = q_slots.view(out_slot, (bh, s.rows, d))
+        k_tile, v_tile = k_slots.view(slot, (bh, s.cols, d)), v_slots.view(slot, (bh, s.cols, d))
+        q_local = q_tile
+        if self.low:  # compute in float32 on upcast copies
+            q_tile = self.upcast.view(0, (bh, s.rows, d))
+            k_tile = self.upcast.view(1, (bh, s.cols, d)).copy_(k_tile)
+            v_tile = self.upcast.view(2, (bh, s.cols, d)).copy_(v_tile)
+        whole = s.first and s.last and not self.may_be_empty
+        base = 1.0 if whole else LOG2_E  # the online softmax works in base 2 (exp2 is cheaper than exp)
+        if s.first:
+            torch.mul(q_local, self.scale * base, out=q_tile)
+        acc = self.accumulators.view(out_slot, (bh, s.rows, d))
+        scores = self.state.block_scores(q_tile, k_tile)
+        if self.mask is not None:
+            scores.view(b, h, s.rows, s.cols).add_(self.mask[:, :, s.q, s.kv], alpha=base)
+        hidden = self.causal.of(s) if self.causal is not None else None
+        if hidden is not None:
+            scores.masked_fill_(hidden, float("-inf"))
+        lse = self.lse[:, s.q]
+        if whole:
+            self.state.whole(scores, v_tile, acc, lse)
+            return
+        self.state.fold(scores, v_tile, acc, first=s.first)
+        if s.last:
+            self.state.finish(acc, lse)
+
+    def copy_out(self, tile: int, out_slot: int) -> None:
+        """The tile's block of O from its accumulator."""
+        q_block, d = self.q_blocks[tile], self.sizes[3]
+        self.out[:, q_block].copy_(
+            self.accumulators.view(out_slot, (self.out.shape[0], q_block.stop - q_block.start, d))
+        )
+
+    def run(self) -> AttentionOutputs:
+        """Execute the pipeline; ``(out, lse)`` in ``[batch, heads, ...]`` views."""
+        self.q_blocks = [s.q for s in self.steps if s.first]
+        tile_steps = [sum(1 for s in self.steps if s.tile == t) for t in range(len(self.q_blocks))]
+        execute(
+            TiledLoop(tile_steps, self.copy_in, self.compute, self.copy_out),
+            self.buffers,
+            self.depth,
+            self.q.device,
+        )
+        b, h, _, d = self.sizes
+        return self.out.view(b, h, self.shape["seq_q"], d), self.lse.view(b, h, self.shape["seq_q"])
 
 
 SPEC = FusedAttentionSpec()

@@ -1,5 +1,10 @@
 """``matmul``'s declaration: ``C[m, n] = A[m, k] @ B[k, n]``, accumulated in float32.
 
+Layout dims: ``a_transposed`` / ``b_transposed`` (0 or 1, default 0) say that an operand is read
+in place as the transpose of a row-major matrix (``x.t()`` of a contiguous ``x``: a Linear
+layer's weight, the backward's ``a.t()`` and ``b.t()``). Version 2 added them; keys without them
+parse to 0 (both row-major).
+
 Tiling: output tiles ``tile_m x tile_n`` in row-major order; each takes one
 step per ``tile_k`` slice of ``k``. A step copies ``A[i, kk]`` and
 ``B[kk, j]`` into their input slots and accumulates their product into the
@@ -50,9 +55,25 @@ class MatmulDeclaration(KernelDeclaration):
     """Tiled GEMM with a k loop per output tile."""
 
     name = "matmul"
-    version = 1
+    version = 2
     description = "C = A @ B with A m x k and B k x n, float32 accumulation"
-    dims = (Dim("m", "rows of A and C"), Dim("n", "columns of B and C"), Dim("k", "the reduced dim"))
+    dims = (
+        Dim("m", "rows of A and C"),
+        Dim("n", "columns of B and C"),
+        Dim("k", "the reduced dim"),
+        Dim(
+            "a_transposed",
+            "1: A is read as the transpose of a row-major [k, m] matrix (strides (1, m))",
+            choices=(0, 1),
+            default=0,
+        ),
+        Dim(
+            "b_transposed",
+            "1: B is read as the transpose of a row-major [n, k] matrix (strides (1, k))",
+            choices=(0, 1),
+            default=0,
+        ),
+    )
     knobs: tuple[Knob, ...] = (
         Knob("tile_m", TILES, "rows of an output tile", clamp_to="m"),
         Knob("tile_n", TILES, "columns of an output tile", clamp_to="n"),
@@ -106,7 +127,7 @@ class NativeMatmulDeclaration(NativeDeclaration, MatmulDeclaration):
     ``sgemm_`` (``kernels/native/csrc/matmul.cpp``)."""
 
     name = "native_matmul"
-    version = 1
+    version = 2
     description = "C = A @ B, native CPU: output tiles over block_dim cores, k blocks through sgemm_"
     portable = MatmulDeclaration
     knobs = with_block_dim(MatmulDeclaration.knobs)
@@ -121,7 +142,7 @@ class TritonMatmulDeclaration(TritonDeclaration, MatmulDeclaration):
     ``kernels/matmul/triton.py``)."""
 
     name = "triton_matmul"
-    version = 1
+    version = 2
     description = "matmul in Triton: block_m x block_n output tiles, pipelined k loop of tl.dot"
     knobs = (
         block_knob("block_m", BLOCK_MN, "rows of an output tile (a power of two, >= 16)", clamp_to="m"),

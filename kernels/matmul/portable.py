@@ -2,6 +2,11 @@
 
 Its declaration (dims, knobs, working set, default rule, counts) is
 :mod:`tiletune.kernels.matmul.declaration`.
+
+Operand layouts: :func:`layout` is the one rule every implementation applies to ``a`` and ``b``
+(and ``shape_of`` reports): a row-major operand is read as it is (flag 0), the transpose of a
+row-major matrix is read in place (flag 1, ``a_transposed`` / ``b_transposed``), any other
+strides are made contiguous first (flag 0).
 """
 
 from __future__ import annotations
@@ -18,6 +23,27 @@ from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype, widened
 
 
+def layout(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The matrix ``t`` as a matmul implementation reads it, and its transposed flag.
+
+    ``(t, 0)`` when ``t`` is contiguous (row-major); ``(t, 1)`` when ``t.t()`` is contiguous (``t``
+    has strides ``(1, rows)``: read in place as the transpose of a row-major matrix); otherwise
+    ``(t.contiguous(), 0)``, a row-major copy. A matrix that is both (a single row or column, or
+    empty) is row-major.
+    """
+    if t.is_contiguous():
+        return t, 0
+    if t.t().is_contiguous():
+        return t, 1
+    return t.contiguous(), 0
+
+
+def _as_layout(t: torch.Tensor, transposed: int) -> torch.Tensor:
+    """``t`` (row-major) with the layout ``transposed`` says: the same values, strides ``(1, rows)``
+    for 1 (the transpose of a row-major copy)."""
+    return t.t().contiguous().t() if transposed else t
+
+
 def _blocks(length: int, tile: int) -> list[slice]:
     return [slice(start, min(length, start + tile)) for start in range(0, length, tile)]
 
@@ -30,23 +56,33 @@ class MatmulSpec(MatmulDeclaration, KernelSpec):
         return native_backends()
 
     def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
-        """``m`` and ``k`` from ``A [m, k]``, ``n`` from ``B [k, n]``."""
+        """``m`` and ``k`` from ``A [m, k]``, ``n`` from ``B [k, n]``; ``a_transposed`` and
+        ``b_transposed`` from their strides (:func:`layout`)."""
         expect_inputs(self.name, inputs, ("a", "b"))
         a, b = inputs
         expect_ndim("a", a, 2, "a matrix [m, k]")
         expect_ndim("b", b, 2, "a matrix [k, n]")
         expect_size("b", b.shape[0], a.shape[1], "its first dim (k)")
-        return {"m": a.shape[0], "n": b.shape[1], "k": a.shape[1]}
+        return {
+            "m": a.shape[0],
+            "n": b.shape[1],
+            "k": a.shape[1],
+            "a_transposed": layout(a)[1],
+            "b_transposed": layout(b)[1],
+        }
 
     def make_inputs(
         self, shape: Shape, dtype: str, device: torch.device, seed: int = 0
     ) -> tuple[torch.Tensor, ...]:
-        """``A`` and ``B`` standard normal, scaled by ``k ** -0.25`` so ``C`` stays O(1)."""
+        """``A`` and ``B`` standard normal, scaled by ``k ** -0.25`` so ``C`` stays O(1), in the layout
+        the shape names: an operand whose flag is 1 is the ``.t()`` of a contiguous ``[k, m]``
+        (``[n, k]``) tensor. The values do not depend on the flags."""
         generator = torch.Generator().manual_seed(seed)
         scale = shape["k"] ** -0.25
         a = torch.randn((shape["m"], shape["k"]), generator=generator) * scale
         b = torch.randn((shape["k"], shape["n"]), generator=generator) * scale
-        return a.to(device, torch_dtype(dtype)), b.to(device, torch_dtype(dtype))
+        a, b = (t.to(device, torch_dtype(dtype)) for t in (a, b))
+        return _as_layout(a, shape.get("a_transposed", 0)), _as_layout(b, shape.get("b_transposed", 0))
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """``A @ B`` in float32 (float64 for float64)."""
@@ -56,11 +92,12 @@ class MatmulSpec(MatmulDeclaration, KernelSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled matmul through the pipeline executor (``native``: the C++ kernel)."""
+        """Tiled matmul through the pipeline executor (``native``: the C++ kernel); a transposed operand
+        is read in place, a copy-in taking its tile from the view."""
         if backend == NATIVE_BACKEND:
             return run_native("matmul", inputs, config, shape)
         require_backend(self.backends(), backend)
-        a, b = inputs
+        (a, _), (b, _) = (layout(t) for t in inputs)  # tiles are copied from the views, strides as they are
         tm, tn, tk, buffers = (config[k] for k in ("tile_m", "tile_n", "tile_k", "buffer_num"))
         c = torch.empty((shape["m"], shape["n"]), dtype=a.dtype, device=a.device)
         k_blocks = _blocks(shape["k"], tk)

@@ -18,6 +18,9 @@ side ``pow2_floor(sqrt(E))``, snapped down to their knob values (16 at least);
 for ``total <= 1024`` every block covers its dim (``block_k`` at most 128).
 ``num_stages`` = the rule's depth (1 when one k step covers ``k``),
 ``num_warps`` = 4 (see :meth:`TritonSpec.launch_defaults`).
+
+Layouts: the kernel reads A and B through their strides, so a transposed operand
+(``a_transposed`` / ``b_transposed``) is loaded in place, block by block.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import torch
 
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.matmul.declaration import TritonMatmulDeclaration
-from tiletune.kernels.matmul.portable import MatmulSpec
+from tiletune.kernels.matmul.portable import MatmulSpec, layout
 from tiletune.kernels.triton.spec import TritonSpec
 
 
@@ -38,9 +41,10 @@ class TritonMatmulSpec(TritonMatmulDeclaration, TritonSpec, MatmulSpec):
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "triton"
     ) -> torch.Tensor:
-        """``A @ B`` by the Triton kernel."""
+        """``A @ B`` by the Triton kernel, which reads the operands through their strides: a
+        transposed one in place, others as :func:`layout` gives them."""
         kernels, options = self.prepare_launch(inputs, config, backend)
-        a, b = (t.contiguous() for t in inputs)
+        (a, _), (b, _) = (layout(t) for t in inputs)
         c = torch.empty((shape["m"], shape["n"]), dtype=a.dtype, device=a.device)
         kernels.matmul(a, b, c, (config["block_m"], config["block_n"], config["block_k"]), options)
         return c

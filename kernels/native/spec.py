@@ -65,8 +65,11 @@ class NativeSpec(NativeDeclaration, KernelSpec):
     then this class, then its portable spec (whose inputs, reference and ``shape_of`` it reuses):
     ``class NativeAddSpec(NativeAddDeclaration, NativeSpec, AddSpec)``.
 
-    Subclasses give ``launch``.
+    Subclasses give ``launch``. ``keeps_layout``: the kernel takes its inputs' strides as they come
+    (its ``launch`` handles the layouts it reads in place); otherwise ``run`` makes them contiguous.
     """
+
+    keeps_layout: bool = False
 
     def backends(self) -> tuple[str, ...]:
         """Only ``"native"``: the portable implementation is the kernel without the prefix."""
@@ -85,7 +88,7 @@ class NativeSpec(NativeDeclaration, KernelSpec):
     def launch(
         self, module: ModuleType, inputs: Sequence[torch.Tensor], config: Config, shape: Shape
     ) -> torch.Tensor:
-        """Call the extension on contiguous CPU ``inputs`` with a complete config."""
+        """Call the extension on CPU ``inputs`` (contiguous, unless ``keeps_layout``), complete config."""
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = NATIVE_BACKEND
@@ -95,6 +98,15 @@ class NativeSpec(NativeDeclaration, KernelSpec):
         Raises :class:`DeviceUnavailableError` (with the reason) when the extension is not
         built here, and ``ValueError`` for tensors that are not on the CPU.
         """
+        module, config = self.prepare(inputs, config, shape, backend)
+        tensors = list(inputs) if self.keeps_layout else [t.contiguous() for t in inputs]
+        return self.launch(module, tensors, config, shape)
+
+    def prepare(
+        self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str
+    ) -> tuple[ModuleType, Config]:
+        """What a launch needs checked first: the backend, CPU tensors, the extension (returned);
+        and the config, completed with the default ``block_dim`` where it has none."""
         require_backend(self.backends(), backend)
         for tensor in inputs:
             if not tensor.is_cpu:
@@ -102,7 +114,6 @@ class NativeSpec(NativeDeclaration, KernelSpec):
         if "block_dim" not in config:
             config = self.with_cores(config, shape, all_cores())
         try:
-            module = native_module()
+            return native_module(), config
         except DeviceUnavailableError as error:
             raise DeviceUnavailableError(f"{self.name}: {error}") from None
-        return self.launch(module, [t.contiguous() for t in inputs], config, shape)

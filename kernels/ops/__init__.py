@@ -6,8 +6,13 @@ Importing this package registers them (``torch.library.custom_op``, namespace ``
 - ``softmax(Tensor x) -> Tensor``: softmax over the last dim;
 - ``rms_norm(Tensor x, Tensor weight) -> Tensor``: ``x / sqrt(mean(x^2, -1) + 1e-6) * weight``;
 - ``matmul(Tensor a, Tensor b) -> Tensor``: ``a [m, k] @ b [k, n]``;
-- ``fused_attention(Tensor q, Tensor k, Tensor v, bool causal=False) -> Tensor``:
-  ``softmax(q k^T / sqrt(head_dim) [+ causal mask]) v`` over ``[batch, heads, seq, head_dim]``.
+- ``fused_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, *, int causal=0, float? scale=None)
+  -> (Tensor out, Tensor lse)``: ``softmax(scale * q k^T + mask) v`` over ``q [batch, heads, seq_q,
+  head_dim]`` and ``k``, ``v [batch, kv_heads, seq_kv, head_dim]`` (grouped-query attention), an
+  additive mask ``[batch|1, heads|1, seq_q, seq_kv]``, ``causal`` 0 / 1 (top-left) / 2
+  (bottom-right), and each query row's log-sum-exp (float32), which its backward recomputes from.
+
+A plugin kernel gets its operator with one call: :func:`~.plugins.register_operator`.
 
 Each runs, per call, the kernel's implementation for the tensors' device (:mod:`.dispatch`: on a
 CPU the native C++ where it is built, else the portable pipeline; on CUDA the Triton kernel where
@@ -20,6 +25,7 @@ tuned config.
 """
 
 from tiletune.kernels.ops.definitions import OPERATORS
+from tiletune.kernels.ops.plugins import register_operator
 from tiletune.kernels.ops.source import configure, current_source, using_source
 
-__all__ = ["OPERATORS", "configure", "current_source", "using_source"]
+__all__ = ["OPERATORS", "configure", "current_source", "register_operator", "using_source"]

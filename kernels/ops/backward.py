@@ -3,15 +3,17 @@
 Each takes what its operator saved and the output's gradient and returns the inputs' gradients.
 Low-precision inputs are differentiated in float32 and the gradients cast back to their dtype
 (float64 stays float64, for gradient checks). ``matmul``'s backward is two calls of the
-``matmul`` operator (each its own tuned key); the others are plain torch code.
+``matmul`` operator (each its own tuned key); the attention's recomputes its probabilities from
+the forward's log-sum-exp; the others are plain torch code.
 """
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
 
 import torch
 
+from tiletune.kernels.fused_attention import formula
 from tiletune.kernels.rms_norm.portable import EPS
 from tiletune.kernels.spec import widened
 
@@ -39,29 +41,52 @@ def rms_norm_backward(
 def matmul_backward(
     a: torch.Tensor, b: torch.Tensor, grad: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``da = g @ b^T`` and ``db = a^T @ g``, each by the ``matmul`` operator."""
+    """``da = g @ b^T`` and ``db = a^T @ g``, each by the ``matmul`` operator, the transposes read in
+    place (their keys say so: ``b_transposed``, ``a_transposed``)."""
     matmul = torch.ops.tiletune.matmul
-    return matmul(grad, b.t().contiguous()), matmul(a.t().contiguous(), grad)
+    return matmul(grad, b.t()), matmul(a.t(), grad)
+
+
+@dataclass(frozen=True)
+class AttentionSaved:
+    """What the attention operator saves for its backward: its inputs, output and log-sum-exp,
+    and its ``causal`` and ``scale`` arguments."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    out: torch.Tensor
+    lse: torch.Tensor
+    causal: int
+    scale: float | None
 
 
 def attention_backward(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, grad: torch.Tensor, *, causal: bool
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The attention's gradients, recomputing the probabilities from ``q`` and ``k``:
-    ``dv = P^T g``, ``dS = P * (g v^T - rowsum(g * o))``, ``dq = dS k * scale``, ``dk = dS^T q * scale``.
-
-    The causal mask is the forward kernel's: query ``i`` sees keys ``j <= i``.
+    saved: AttentionSaved, grad: torch.Tensor, grad_lse: torch.Tensor | None, *, mask_grad: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(dq, dk, dv, dmask)``, the probabilities recomputed from the saved log-sum-exp
+    (FlashAttention-2's backward, untiled): ``P = exp(S - lse)``, ``dv = P^T g``,
+    ``dS = P * (g v^T - rowsum(g * o) + g_lse)``, ``dq = dS k * scale``, ``dk = dS^T q * scale``;
+    grouped k and v heads sum their group's gradients; ``dmask`` (when ``mask_grad``) is ``dS``
+    summed over the mask's broadcast dims.
     """
-    qf, kf, vf, of, gf = (widened(t) for t in (q, k, v, out, grad))
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = qf @ kf.transpose(-2, -1) * scale
-    if causal:
-        above = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
-        scores = scores.masked_fill(above, -math.inf)
-    probabilities = torch.softmax(scores, dim=-1)
-    dv = probabilities.transpose(-2, -1) @ gf
-    dp = gf @ vf.transpose(-2, -1)
-    ds = probabilities * (dp - (gf * of).sum(-1, keepdim=True))
-    dq = ds @ kf * scale
-    dk = ds.transpose(-2, -1) @ qf * scale
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+    q, k, v, mask = saved.q, saved.k, saved.v, saved.mask
+    heads, kv_heads = q.shape[1], k.shape[1]
+    scale = formula.scale_of(q.shape[-1], saved.scale)
+    scores = formula.scores(q, k, mask, saved.causal, saved.scale)
+    p = formula.probabilities(scores, widened(saved.lse))
+    g = widened(grad)
+    dv = formula.ungrouped(p.transpose(-2, -1) @ g, kv_heads)
+    dp = g @ widened(formula.grouped(v, heads)).transpose(-2, -1)
+    delta = (g * widened(saved.out)).sum(-1, keepdim=True)
+    if grad_lse is not None:
+        delta = delta - widened(grad_lse).unsqueeze(-1)
+    ds = p * (dp - delta)
+    dq = ds @ widened(formula.grouped(k, heads)) * scale
+    dk = formula.ungrouped(ds.transpose(-2, -1) @ widened(q) * scale, kv_heads)
+    dmask = None
+    if mask is not None and mask_grad:
+        broadcast = [dim for dim in range(4) if mask.shape[dim] == 1 and ds.shape[dim] != 1]
+        dmask = (ds.sum(broadcast, keepdim=True) if broadcast else ds).to(mask.dtype)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), dmask

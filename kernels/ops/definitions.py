@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from tiletune.kernels.ops import backward
-from tiletune.kernels.ops.dispatch import run_kernel
+from tiletune.kernels.ops.dispatch import run_attention, run_kernel
 
 NAMESPACE = "tiletune"
 
@@ -107,30 +107,91 @@ matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::fused_attention", mutates_args=())
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    """``softmax(q k^T / sqrt(head_dim) [+ causal mask]) v`` over ``[batch, heads, seq, head_dim]``;
-    with ``causal``, query ``i`` sees keys ``j <= i``."""
-    return run_kernel("fused_attention", (q, k, v), causal=causal)
+def fused_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: int = 0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(out, lse)``: ``softmax(scale * q k^T + mask) v`` over ``q [batch, heads, seq_q, head_dim]``
+    and ``k``, ``v [batch, kv_heads, seq_kv, head_dim]`` (grouped-query attention when ``kv_heads <
+    heads``), and each query row's log-sum-exp (float32). ``mask``: additive, in q's dtype,
+    ``[batch or 1, heads or 1, seq_q, seq_kv]``; ``causal``: 0 none, 1 top-left (query ``i`` sees keys
+    ``j <= i``), 2 bottom-right (``j <= i + seq_kv - seq_q``); ``scale``: None is ``1 / sqrt(head_dim)``."""
+    return run_attention(q, k, v, mask, causal=causal, scale=scale)
 
 
 @fused_attention.register_fake
-def _fused_attention_fake(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    return q.new_empty(q.shape)
+def _fused_attention_fake(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    causal: int = 0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=torch.float32)
 
 
-def _fused_attention_setup(ctx: Any, inputs: tuple[Tensor, Tensor, Tensor, bool], output: Tensor) -> None:
-    q, k, v, causal = inputs
-    ctx.save_for_backward(q, k, v, output)
-    ctx.causal = causal
+def _fused_attention_setup(
+    ctx: Any, inputs: tuple[Any, ...], keyword_only_inputs: dict[str, Any], output: tuple[Tensor, Tensor]
+) -> None:
+    q, k, v, mask = inputs
+    ctx.save_for_backward(q, k, v, mask, *output)
+    ctx.causal, ctx.scale = keyword_only_inputs["causal"], keyword_only_inputs["scale"]
 
 
-def _fused_attention_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-    q, k, v, out = ctx.saved_tensors
-    dq, dk, dv = backward.attention_backward(q, k, v, out, grad, causal=ctx.causal)
-    return dq, dk, dv, None
+def _fused_attention_backward(
+    ctx: Any, grad: Tensor, grad_lse: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+    q, k, v, mask, out, lse = ctx.saved_tensors
+    saved = backward.AttentionSaved(q, k, v, mask, out, lse, ctx.causal, ctx.scale)
+    dq, dk, dv, dmask = backward.attention_backward(
+        saved, grad, grad_lse, mask_grad=mask is not None and ctx.needs_input_grad[3]
+    )
+    return dq, dk, dv, dmask
 
 
 fused_attention.register_autograd(_fused_attention_backward, setup_context=_fused_attention_setup)
+
+#: The operators autocast runs in its lower precision (torch's own ``mm`` and attention are on its
+#: lower-precision list): their float inputs are cast to the autocast dtype, the kernels accumulate
+#: in float32. The others take what they are given (mixed dtypes run in the first input's).
+AUTOCAST_TO_LOWER_PRECISION = ("matmul", "fused_attention")
+#: Devices whose autocast the operators declare.
+AUTOCAST_DEVICES = ("cpu", "cuda")
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")  # type: ignore[no-untyped-call]
+
+
+def _floating_on(arg: object, device_type: str) -> bool:
+    """Whether ``arg`` is a floating-point tensor on a ``device_type`` device (what autocast casts)."""
+    return isinstance(arg, Tensor) and arg.is_floating_point() and arg.device.type == device_type
+
+
+def _register_autocast(name: str, device_type: str) -> None:
+    """Under ``torch.autocast(device_type)``, ``name``'s floating-point tensors on that device are
+    cast to the region's dtype (``torch.get_autocast_dtype``: bf16 on CPUs and fp16 on CUDA unless
+    the region names another), then the operator runs with autocast off."""
+    key = "Autocast" + torch._C._dispatch_key_for_device(device_type)
+    excluded = torch._C.DispatchKeySet(getattr(torch._C.DispatchKey, key))
+    overload = getattr(torch.ops.tiletune, name).default
+
+    def autocast(_keyset: Any, *args: Any, **kwargs: Any) -> Any:
+        dtype = torch.get_autocast_dtype(device_type)
+        cast = [arg.to(dtype) if _floating_on(arg, device_type) else arg for arg in args]
+        with torch._C._ExcludeDispatchKeyGuard(excluded):
+            return overload(*cast, **kwargs)
+
+    _LIBRARY.impl(name, autocast, key, with_keyset=True)  # type: ignore[no-untyped-call]
+
+
+for _name in AUTOCAST_TO_LOWER_PRECISION:
+    for _device in AUTOCAST_DEVICES:
+        _register_autocast(_name, _device)
 
 #: Each kernel's operator, by kernel name.
 OPERATORS = {

@@ -3,6 +3,7 @@ the current source gives for the call's shape.
 
 - CPU: the portable kernel's spec, run by its ``native`` implementation where the extension is
   built here (else the tiled PyTorch pipeline); its key is the kernel's own name.
+- ``fused_attention`` gives ``(out, lse)`` (:func:`run_attention`): its spec's ``attend``.
 - CUDA: the Triton kernel (``triton_<kernel>``, its own key) where triton runs, else the portable one.
 - Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
 - float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
@@ -19,10 +20,12 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
 from tiletune.kernels.launcher import select_config
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops.source import current_source
-from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import KernelSpec
 from tiletune.kernels.triton.space import TRITON_BACKEND
 
@@ -30,24 +33,62 @@ from tiletune.kernels.triton.space import TRITON_BACKEND
 def implementation(kernel: str, device_kind: str) -> tuple[KernelSpec, str]:
     """The spec whose config a call of ``kernel`` on a ``device_kind`` device looks up, and the
     backend that runs it (see the module docstring)."""
-    if device_kind == "cuda":
-        triton = get_kernel(f"triton_{kernel}")
+    triton_name = f"triton_{kernel}"
+    if device_kind == "cuda" and triton_name in all_kernels():  # a plugin may have no Triton twin
+        triton = get_kernel(triton_name)
         if triton.supports("cuda"):
             return triton, TRITON_BACKEND
     spec = get_kernel(kernel)
     return spec, preferred_backend(spec, device_kind)
 
 
-def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
-    """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
-    for their shape; ``dims`` complete the shape (``causal``). The result is contiguous (the fakes
-    say so)."""
+def _prepared(
+    kernel: str, tensors: Sequence[torch.Tensor]
+) -> tuple[tuple[torch.Tensor, ...], tuple[KernelSpec, str] | None]:
+    """The call's inputs in the first's dtype, and the spec and backend that run them (None for
+    float64: the kernel's reference formula)."""
     first = tensors[0].dtype  # mixed dtypes (autocast: bf16 activations, fp32 weights) run in the first's
     inputs = tuple(t if t.dtype == first else t.to(first) for t in tensors)
     if first == torch.float64:
+        return inputs, None
+    return inputs, implementation(kernel, inputs[0].device.type)
+
+
+def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
+    """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
+    for their shape; ``dims`` complete the shape. The result is contiguous (the fakes say so)."""
+    inputs, runner = _prepared(kernel, tensors)
+    if runner is None:
         spec = get_kernel(kernel)
         shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
         return spec.reference(inputs, shape).contiguous()
-    spec, backend = implementation(kernel, inputs[0].device.type)
+    spec, backend = runner
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, **dims)
     return spec.run(inputs, selection.config, selection.shape, backend).contiguous()
+
+
+def run_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    *,
+    causal: int,
+    scale: float | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``fused_attention``'s ``(out, lse)``, as :func:`run_kernel` runs the others (``mask``, when
+    given, is its fourth input; ``scale`` is the kernel's call argument)."""
+    tensors = (q, k, v) if mask is None else (q, k, v, mask)
+    inputs, runner = _prepared("fused_attention", tensors)
+    if runner is None:
+        get_kernel("fused_attention").shape_of(inputs)  # the inputs' checks, as the kernels have them
+        out, lse = formula.attention(
+            *inputs[:3], mask=None if mask is None else inputs[3], causal=causal, scale=scale
+        )
+        return out.contiguous(), lse.contiguous()
+    spec, backend = runner
+    if not isinstance(spec, FusedAttentionSpec):
+        raise TypeError(f"{spec.name} is not an attention spec")
+    selection = select_config(spec, *inputs, client=current_source(), dtype=None, causal=causal)
+    out, lse = spec.attend(inputs, selection.config, selection.shape, backend, scale)
+    return out.contiguous(), lse.contiguous()

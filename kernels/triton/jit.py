@@ -196,6 +196,10 @@ def _matmul_kernel(  # type: ignore[no-untyped-def]
     m,
     n,
     k,
+    stride_am,
+    stride_ak,
+    stride_bk,
+    stride_bn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -212,14 +216,21 @@ def _matmul_kernel(  # type: ignore[no-untyped-def]
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rk = tl.arange(0, BLOCK_K)
-    a_rows = a_ptr + rm.to(tl.int64)[:, None] * k
-    b_cols = b_ptr + rn[None, :]
+    # Through the strides: a transposed operand (stride 1 along m or n) is read in place.
+    a_rows = a_ptr + rm.to(tl.int64)[:, None] * stride_am
+    b_cols = b_ptr + rn.to(tl.int64)[None, :] * stride_bn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in tl.range(0, k, BLOCK_K):
         kk = k0 + rk
-        a = tl.load(a_rows + kk[None, :], mask=(rm[:, None] < m) & (kk[None, :] < k), other=0.0)
+        a = tl.load(
+            a_rows + kk.to(tl.int64)[None, :] * stride_ak,
+            mask=(rm[:, None] < m) & (kk[None, :] < k),
+            other=0.0,
+        )
         b = tl.load(
-            b_cols + kk.to(tl.int64)[:, None] * n, mask=(kk[:, None] < k) & (rn[None, :] < n), other=0.0
+            b_cols + kk.to(tl.int64)[:, None] * stride_bk,
+            mask=(kk[:, None] < k) & (rn[None, :] < n),
+            other=0.0,
         )
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
     c = c_ptr + rm.to(tl.int64)[:, None] * n + rn[None, :]
@@ -233,7 +244,8 @@ def matmul(
     blocks: tuple[int, int, int],
     options: Mapping[str, object],
 ) -> None:
-    """``c = a @ b`` for contiguous ``a [m, k]``, ``b [k, n]``, float32 accumulation."""
+    """``c = a @ b`` for ``a [m, k]``, ``b [k, n]`` of any strides (read through them: a transposed
+    operand in place), contiguous ``c``, float32 accumulation."""
     (m, k), n = a.shape, b.shape[1]
     block_m, block_n, block_k = blocks
     grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
@@ -244,6 +256,10 @@ def matmul(
         m,
         n,
         k,
+        a.stride(0),
+        a.stride(1),
+        b.stride(0),
+        b.stride(1),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
@@ -255,31 +271,24 @@ def matmul(
 
 # -- fused attention ------------------------------------------------------------
 
+#: Scores are kept in base 2 (``exp2``): an additive mask is scaled by ``log2(e)``, and the row's
+#: base-2 maximum by ``ln(2)`` for the natural-log log-sum-exp.
+_LOG2_E: tl.constexpr = tl.constexpr(LOG2_E)
+_LN_2: tl.constexpr = tl.constexpr(math.log(2.0))
+
 
 @triton.jit  # type: ignore[untyped-decorator]
 def _attention_blocks(  # type: ignore[no-untyped-def]
-    acc,
-    row_max,
-    row_sum,
-    q,
-    k_ptr,
-    v_ptr,
-    rq,
-    d_mask,
-    lo,
-    hi,
-    seq_kv,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    MASKED: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
+    acc, row_max, row_sum, q, k_ptr, v_ptr, mask_ptr, rq, d_mask, lo, hi, seq_q, seq_kv, diagonal,
+    qk_scale, mask_stride_q, mask_stride_kv,
+    HEAD_DIM: tl.constexpr, BLOCK_KV: tl.constexpr, HEAD_PAD: tl.constexpr, MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
     """Fold kv blocks ``lo..hi`` into the online softmax; mask only when ``MASKED``.
 
-    ``qk_scale`` is ``log2(e) / sqrt(head_dim)``: scores are in base 2, so ``exp2`` replaces ``exp``.
+    ``qk_scale`` is ``scale * log2(e)``: scores are in base 2, so ``exp2`` replaces ``exp``. Masked:
+    keys past ``seq_kv`` and (``CAUSAL``) keys ``j > i + diagonal`` are ``-inf``, the additive mask
+    (``HAS_MASK``) is added times ``log2(e)``. A row with no visible key yet keeps max ``-inf``, sum 0.
     """
     rkv = tl.arange(0, BLOCK_KV)
     rd = tl.arange(0, HEAD_PAD)
@@ -291,13 +300,19 @@ def _attention_blocks(  # type: ignore[no-untyped-def]
         v = tl.load(v_ptr + kv.to(tl.int64)[:, None] * HEAD_DIM + rd[None, :], mask=load_mask, other=0.0)
         scores = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale
         if MASKED:
+            if HAS_MASK:
+                offsets = rq.to(tl.int64)[:, None] * mask_stride_q + kv.to(tl.int64)[None, :] * mask_stride_kv
+                bias_mask = (rq[:, None] < seq_q) & kv_mask[None, :]
+                bias = tl.load(mask_ptr + offsets, mask=bias_mask, other=0.0)
+                scores += bias.to(tl.float32) * _LOG2_E
             keep = kv_mask[None, :]
             if CAUSAL:
-                keep = keep & (kv[None, :] <= rq[:, None])
+                keep = keep & (kv[None, :] <= rq[:, None] + diagonal)
             scores = tl.where(keep, scores, -float("inf"))
         new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        p = tl.exp2(scores - new_max[:, None])
-        rescale = tl.exp2(row_max - new_max)
+        shift = tl.where(new_max == -float("inf"), 0.0, new_max)  # no -inf - -inf on empty rows
+        p = tl.exp2(scores - shift[:, None])
+        rescale = tl.exp2(row_max - shift)
         row_sum = row_sum * rescale + tl.sum(p, axis=1)
         acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         row_max = new_max
@@ -305,27 +320,45 @@ def _attention_blocks(  # type: ignore[no-untyped-def]
 
 
 @triton.jit  # type: ignore[untyped-decorator]
+def _attention_range(  # type: ignore[no-untyped-def]
+    q_start, seq_q, seq_kv, diagonal,
+    BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr, CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr,
+):  # fmt: skip
+    """``(lo, hi)`` for the q block at ``q_start``: kv blocks before ``lo`` need no mask, ``lo..hi``
+    do, keys from ``hi`` on are seen by none of its queries (causal: key ``j`` is visible to query
+    ``i`` when ``j <= i + diagonal``). With ``HAS_MASK`` every block is masked (``lo = 0``)."""
+    full = (seq_kv // BLOCK_KV) * BLOCK_KV
+    if CAUSAL:
+        # Keys up to q_start + diagonal are seen by every query of the block; the block's last
+        # query sees up to its own index + diagonal.
+        seen_by_all = tl.maximum(q_start + diagonal + 1, 0)
+        lo = tl.minimum((seen_by_all // BLOCK_KV) * BLOCK_KV, full)
+        hi = tl.minimum(tl.maximum(tl.minimum(q_start + BLOCK_Q, seq_q) + diagonal, 0), seq_kv)
+    else:
+        lo = full
+        hi = seq_kv
+    if HAS_MASK:
+        lo = 0
+    return lo, hi
+
+
+@triton.jit  # type: ignore[untyped-decorator]
 def _attention_kernel(  # type: ignore[no-untyped-def]
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    seq_q,
-    seq_kv,
-    qk_scale,
-    HEAD_DIM: tl.constexpr,
-    HEAD_PAD: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_KV: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
+    q_ptr, k_ptr, v_ptr, mask_ptr, out_ptr, lse_ptr, heads, kv_heads, group, seq_q, seq_kv, diagonal,
+    qk_scale, mask_stride_b, mask_stride_h, mask_stride_q, mask_stride_kv,
+    HEAD_DIM: tl.constexpr, HEAD_PAD: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_KV: tl.constexpr,
+    CAUSAL: tl.constexpr, HAS_MASK: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
     q_start = tl.program_id(0) * BLOCK_Q
     bh = tl.program_id(1).to(tl.int64)
+    batch, head = bh // heads, bh % heads
+    kv_bh = batch * kv_heads + head // group  # grouped-query attention: ``group`` q heads per kv head
     q_ptr += bh * seq_q * HEAD_DIM
     out_ptr += bh * seq_q * HEAD_DIM
-    k_ptr += bh * seq_kv * HEAD_DIM
-    v_ptr += bh * seq_kv * HEAD_DIM
+    lse_ptr += bh * seq_q
+    k_ptr += kv_bh * seq_kv * HEAD_DIM
+    v_ptr += kv_bh * seq_kv * HEAD_DIM
+    mask_ptr += batch * mask_stride_b + head * mask_stride_h
     rq = q_start + tl.arange(0, BLOCK_Q)
     rd = tl.arange(0, HEAD_PAD)
     d_mask = rd < HEAD_DIM
@@ -334,55 +367,80 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
     row_max = tl.full([BLOCK_Q], -float("inf"), tl.float32)
     row_sum = tl.zeros([BLOCK_Q], tl.float32)
     acc = tl.zeros([BLOCK_Q, HEAD_PAD], tl.float32)
-    full_blocks = seq_kv // BLOCK_KV
-    if CAUSAL:  # blocks wholly below the diagonal need no mask; the rest up to the block's last query do
-        lo = tl.minimum((q_start + 1) // BLOCK_KV, full_blocks) * BLOCK_KV
-        hi = tl.minimum(seq_kv, q_start + BLOCK_Q)
-    else:
-        lo = full_blocks * BLOCK_KV
-        hi = seq_kv
+    lo, hi = _attention_range(q_start, seq_q, seq_kv, diagonal, BLOCK_Q, BLOCK_KV, CAUSAL, HAS_MASK)
     acc, row_max, row_sum = _attention_blocks(
-        acc, row_max, row_sum, q, k_ptr, v_ptr, rq, d_mask, 0, lo, seq_kv, qk_scale,
-        HEAD_DIM, BLOCK_KV, HEAD_PAD, False, CAUSAL, PRECISION,
+        acc, row_max, row_sum, q, k_ptr, v_ptr, mask_ptr, rq, d_mask, 0, lo, seq_q, seq_kv, diagonal,
+        qk_scale, mask_stride_q, mask_stride_kv, HEAD_DIM, BLOCK_KV, HEAD_PAD, False, CAUSAL, HAS_MASK,
+        PRECISION,
     )  # fmt: skip
     acc, row_max, row_sum = _attention_blocks(
-        acc, row_max, row_sum, q, k_ptr, v_ptr, rq, d_mask, lo, hi, seq_kv, qk_scale,
-        HEAD_DIM, BLOCK_KV, HEAD_PAD, True, CAUSAL, PRECISION,
+        acc, row_max, row_sum, q, k_ptr, v_ptr, mask_ptr, rq, d_mask, lo, hi, seq_q, seq_kv, diagonal,
+        qk_scale, mask_stride_q, mask_stride_kv, HEAD_DIM, BLOCK_KV, HEAD_PAD, True, CAUSAL, HAS_MASK,
+        PRECISION,
     )  # fmt: skip
-    out = acc / row_sum[:, None]
+    seen = row_sum > 0.0  # rows with no visible key: out 0, lse -inf
+    out = tl.where(seen[:, None], acc / tl.where(seen, row_sum, 1.0)[:, None], 0.0)
+    lse = tl.where(seen, row_max * _LN_2 + tl.log(tl.where(seen, row_sum, 1.0)), -float("inf"))
     tl.store(
         out_ptr + rq.to(tl.int64)[:, None] * HEAD_DIM + rd[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=q_mask,
     )
+    tl.store(lse_ptr + rq, lse, mask=rq < seq_q)
+
+
+def _mask_strides(mask: torch.Tensor | None, full: tuple[int, int, int, int]) -> tuple[int, ...]:
+    """``mask``'s element strides, 0 on its size-1 (broadcast) dims; all 0 without a mask."""
+    if mask is None:
+        return (0, 0, 0, 0)
+    if mask.dim() != 4 or any(size not in {1, n} for size, n in zip(mask.shape, full, strict=True)):
+        raise ValueError(f"attention mask of size {list(mask.shape)} does not broadcast to {list(full)}")
+    if not mask.is_floating_point():
+        raise ValueError(f"attention mask must be additive (floating point), got {mask.dtype}")
+    return tuple(0 if size == 1 else stride for size, stride in zip(mask.shape, mask.stride(), strict=True))
 
 
 def fused_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    mask: torch.Tensor | None,
     out: torch.Tensor,
+    lse: torch.Tensor,
     blocks: tuple[int, int],
-    causal: bool,
+    causal: int,
+    scale: float,
     options: Mapping[str, object],
 ) -> None:
-    """Attention forward of contiguous ``[batch*heads, seq, head_dim]`` tensors into ``out``."""
-    bh, seq_q, head_dim = q.shape
+    """Attention forward: ``out = softmax(q k^T * scale + mask) v``, ``lse`` its rows' log-sum-exp.
+
+    ``q [batch, heads, seq_q, head_dim]``, ``k``/``v [batch, kv_heads, seq_kv, head_dim]`` and
+    ``out`` (``q``'s size) contiguous; ``heads % kv_heads == 0``, query head ``h`` reads kv head
+    ``h // (heads // kv_heads)``. ``mask``: None or an additive mask ``[batch or 1, heads or 1,
+    seq_q or 1, seq_kv or 1]`` (any strides; size-1 dims broadcast). ``causal``: 0 none, 1 top-left
+    (query ``i`` sees keys ``j <= i``), 2 bottom-right (``j <= i + seq_kv - seq_q``). ``lse``:
+    float32 ``[batch, heads, seq_q]``, natural log of each row's ``sum(exp(scaled masked scores))``.
+    A row that sees no key gets ``out`` 0 and ``lse`` ``-inf``.
+    """
+    batch, heads, seq_q, head_dim = q.shape
+    kv_heads, seq_kv = k.shape[1], k.shape[2]
+    if kv_heads < 1 or heads % kv_heads:
+        raise ValueError(f"{heads} query heads do not split into groups over {kv_heads} kv heads")
+    if causal not in {0, 1, 2}:
+        raise ValueError(f"causal is 0 (none), 1 (top-left) or 2 (bottom-right), got {causal}")
+    strides = _mask_strides(mask, (batch, heads, seq_q, seq_kv))
     block_q, block_kv = blocks
-    grid = (triton.cdiv(seq_q, block_q), bh)
+    grid = (triton.cdiv(seq_q, block_q), batch * heads)
     _attention_kernel[grid](
-        q,
-        k,
-        v,
-        out,
-        seq_q,
-        k.shape[1],
-        head_dim**-0.5 * LOG2_E,
+        q, k, v, q if mask is None else mask, out, lse,
+        heads, kv_heads, heads // kv_heads, seq_q, seq_kv, seq_kv - seq_q if causal == 2 else 0,
+        scale * LOG2_E, *strides,
         HEAD_DIM=head_dim,
         HEAD_PAD=padded_head_dim(head_dim),
         BLOCK_Q=block_q,
         BLOCK_KV=block_kv,
-        CAUSAL=causal,
+        CAUSAL=causal != 0,
+        HAS_MASK=mask is not None,
         PRECISION=_dot_precision(q.dtype),
         **options,
-    )
+    )  # fmt: skip

@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
+from tiletune.client.space import Dim
 from tiletune.client.wire import STRATEGIES
 from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV
 from tiletune.service.cli.options import (
@@ -97,6 +98,11 @@ def _kernel_source(name: str) -> str:
     return "builtin" if name in builtin_kernels() else f"plugin ({KERNELS_ENTRY_POINT_GROUP})"
 
 
+def _dim_label(dim: Dim) -> str:
+    """A dim's name, with its default where a shape may leave it out: ``kv_heads (=heads)``."""
+    return dim.name if dim.default is None else f"{dim.name} (={dim.default})"
+
+
 @kernel_errors_as_bad_input
 def cmd_kernels(args: argparse.Namespace) -> None:
     """List kernels: dims, knobs and their values, implementations; devices usable here."""
@@ -111,7 +117,9 @@ def cmd_kernels(args: argparse.Namespace) -> None:
             "version": spec.version,
             "description": spec.description,
             "source": _kernel_source(spec.name),
-            "dims": [{"name": d.name, "doc": d.doc, "choices": d.choices} for d in spec.dims],
+            "dims": [
+                {"name": d.name, "doc": d.doc, "choices": d.choices, "default": d.default} for d in spec.dims
+            ],
             "knobs": [
                 {"name": k.name, "values": list(k.values), "tiles": k.clamp_to, "doc": k.doc}
                 for k in spec.knobs
@@ -123,7 +131,7 @@ def cmd_kernels(args: argparse.Namespace) -> None:
     lines = [f"devices here: {', '.join(devices)} ({get_device('cpu').chip.name})", ""]
     for spec in specs:
         lines.append(f"{spec.name} v{spec.version} [{_kernel_source(spec.name)}]: {spec.description}")
-        lines.append(f"  dims:  {', '.join(d.name for d in spec.dims)}")
+        lines.append(f"  dims:  {', '.join(_dim_label(d) for d in spec.dims)}")
         lines.extend(f"  knob:  {knob.name} in {list(knob.values)}" for knob in spec.knobs)
         lines.append(f"  implementations: {', '.join(spec.backends())}")
     emit(args, {"devices": devices, "kernels": kernels}, "\n".join(lines))

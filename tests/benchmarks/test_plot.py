@@ -120,6 +120,12 @@ def test_run_as_a_script_it_finds_its_plots(tmp_path: Path) -> None:
         ("rows=2048,cols=1000", "2048×1000"),
         ("batch=1,heads=8,seq_q=1024,seq_kv=1024,head_dim=64,causal=1", "1×8×1024×1024×64 causal"),
         ("batch=1,heads=4,seq_q=256,seq_kv=256,head_dim=64,causal=0", "1×4×256×256×64"),
+        (
+            "batch=1,heads=8,kv_heads=2,seq_q=512,seq_kv=1024,head_dim=64,causal=2,mask=1",
+            "1×8×512×1024×64 kv 2 causal bottom-right masked",
+        ),
+        ("batch=1,heads=8,kv_heads=8,seq_q=64,seq_kv=64,head_dim=64,causal=0,mask=0", "1×8×64×64×64"),
+        ("m=512,n=1536,k=512,a_transposed=0,b_transposed=1", "512×1536×512 B^T"),
     ],
 )
 def test_shape_labels_are_short(shape_key: str, label: str) -> None:

@@ -25,6 +25,7 @@ from fastapi import FastAPI
 from tests.bundles import sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.client.chip import software_fingerprint
+from tiletune.kernels import get_declaration
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
@@ -40,11 +41,12 @@ class LiveServer:
     app: FastAPI
 
     def tune(self, kernel: str, shape: dict[str, int], config: dict[str, int], **fields: Any) -> None:
-        """Store ``config`` as the best of (kernel, shape, float32, CHIP) with provenance."""
+        """Store ``config`` as the best of (kernel, shape, float32, CHIP) with provenance, at the
+        kernel's version here (the server refuses another)."""
         shape_key = ",".join(f"{k}={v}" for k, v in shape.items())
         entry = {
             "kernel": kernel,
-            "kernel_version": 1,
+            "kernel_version": get_declaration(kernel).version,
             "shape": shape,
             "shape_key": shape_key,
             "dtype": "float32",

@@ -16,8 +16,17 @@ from tiletune.kernels import client_settings
 
 from .conftest import CHIP, LiveServer
 
-MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096}
-ATTENTION_4096 = {"batch": 1, "heads": 32, "seq_q": 4096, "seq_kv": 4096, "head_dim": 128, "causal": 0}
+MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096, "a_transposed": 0, "b_transposed": 0}
+ATTENTION_4096 = {
+    "batch": 1,
+    "heads": 32,
+    "kv_heads": 32,
+    "seq_q": 4096,
+    "seq_kv": 4096,
+    "head_dim": 128,
+    "causal": 0,
+    "mask": 0,
+}
 MATMUL_CONFIG = {"tile_m": 64, "tile_n": 64, "tile_k": 32, "buffer_num": 2, "pipeline_depth": 2}
 ATTENTION_CONFIG = {"block_q": 64, "block_kv": 64, "buffer_num": 2, "pipeline_depth": 2}
 CASES = [("matmul", MATMUL_4096, MATMUL_CONFIG), ("fused_attention", ATTENTION_4096, ATTENTION_CONFIG)]

@@ -112,13 +112,24 @@ def test_the_default_is_the_kernels_own_rule(client: ConfigClient) -> None:
 
 
 def test_nearest_never_crosses_a_categorical_dim(server: LiveServer, tmp_path: Path) -> None:
-    shape = {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 1}
+    shape = {
+        "batch": 1,
+        "heads": 4,
+        "kv_heads": 4,
+        "seq_q": 512,
+        "seq_kv": 512,
+        "head_dim": 64,
+        "causal": 1,
+        "mask": 0,
+    }
     config = {"block_q": 64, "block_kv": 64, "buffer_num": 2, "pipeline_depth": 2}
     server.tune("fused_attention", shape, config)
     with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as client:
         assert client.prefetch() == 1
         assert client.get("fused_attention", {**shape, "seq_q": 1024}).match == "nearest"
-        assert client.get("fused_attention", {**shape, "causal": 0}).match == "default"
+        assert client.get("fused_attention", {**shape, "kv_heads": 1}).match == "nearest"  # a size dim
+        for categorical in ({"causal": 0}, {"causal": 2}, {"mask": 1}):
+            assert client.get("fused_attention", {**shape, **categorical}).match == "default", categorical
 
 
 def test_after_a_prefetch_launches_make_no_http_call(
@@ -330,3 +341,18 @@ def test_a_background_refresh_brings_new_configs(server: LiveServer, tmp_path: P
         while client.get("add", {"n": 65536}).match != "exact" and time.monotonic() < deadline:
             time.sleep(0.05)
         assert client.get("add", {"n": 65536}).match == "exact"
+
+
+def test_a_shape_that_leaves_out_dims_with_defaults_is_the_full_key(
+    server: LiveServer, tmp_path: Path
+) -> None:
+    """After a prefetch the client fills ``kv_heads`` (``heads``) and ``mask`` (0) as the server
+    does: an old-form attention shape is the tuned key, and its neighbours are near it."""
+    old_form = {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 1}
+    config = {"block_q": 64, "block_kv": 64, "buffer_num": 2, "pipeline_depth": 2}
+    server.tune("fused_attention", {**old_form, "kv_heads": 4, "mask": 0}, config)
+    with ConfigClient(server.url, CHIP, token=ADMIN_TOKEN, settings=settings(tmp_path)) as client:
+        assert client.prefetch() == 1
+        answer = client.get("fused_attention", old_form)
+        assert (answer.match, dict(answer.config)) == ("exact", config)
+        assert client.get("fused_attention", {**old_form, "seq_q": 1024}).match == "nearest"

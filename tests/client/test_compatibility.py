@@ -95,6 +95,7 @@ MAPS = {
     "counts",
     "knob_values",
     "clamp_to",
+    "dim_defaults",
 }
 
 

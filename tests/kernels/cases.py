@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tiletune.kernels.declaration import Shape
@@ -16,10 +18,56 @@ SHAPES: dict[str, list[Shape]] = {
     "rms_norm": [{"rows": 3, "cols": 7}, {"rows": 37, "cols": 300}, {"rows": 6, "cols": 1000}],
     "matmul": [{"m": 1, "n": 1, "k": 1}, {"m": 37, "n": 100, "k": 300}, {"m": 64, "n": 64, "k": 64}],
     "fused_attention": [
-        {"batch": 1, "heads": 1, "seq_q": 1, "seq_kv": 1, "head_dim": 4, "causal": 1},
-        {"batch": 2, "heads": 3, "seq_q": 37, "seq_kv": 50, "head_dim": 16, "causal": 1},
-        {"batch": 1, "heads": 2, "seq_q": 100, "seq_kv": 33, "head_dim": 8, "causal": 1},
-        {"batch": 1, "heads": 2, "seq_q": 70, "seq_kv": 130, "head_dim": 32, "causal": 0},
+        {
+            "batch": 1,
+            "heads": 1,
+            "kv_heads": 1,
+            "seq_q": 1,
+            "seq_kv": 1,
+            "head_dim": 4,
+            "causal": 1,
+            "mask": 0,
+        },
+        {
+            "batch": 2,
+            "heads": 3,
+            "kv_heads": 3,
+            "seq_q": 37,
+            "seq_kv": 50,
+            "head_dim": 16,
+            "causal": 1,
+            "mask": 0,
+        },
+        {
+            "batch": 1,
+            "heads": 2,
+            "kv_heads": 2,
+            "seq_q": 100,
+            "seq_kv": 33,
+            "head_dim": 8,
+            "causal": 1,
+            "mask": 0,
+        },
+        {
+            "batch": 1,
+            "heads": 2,
+            "kv_heads": 1,
+            "seq_q": 70,
+            "seq_kv": 130,
+            "head_dim": 32,
+            "causal": 0,
+            "mask": 1,
+        },
+        {
+            "batch": 2,
+            "heads": 4,
+            "kv_heads": 2,
+            "seq_q": 45,
+            "seq_kv": 30,
+            "head_dim": 8,
+            "causal": 2,
+            "mask": 1,
+        },
     ],
 }
 #: Upper bounds of each dim for random shapes in the property tests.
@@ -28,8 +76,15 @@ DIM_BOUNDS: dict[str, dict[str, int]] = {
     "softmax": {"rows": 40, "cols": 300},
     "rms_norm": {"rows": 40, "cols": 300},
     "matmul": {"m": 80, "n": 80, "k": 200},
-    "fused_attention": {"batch": 2, "heads": 3, "seq_q": 80, "seq_kv": 80, "head_dim": 16, "causal": 1},
+    "fused_attention": {"batch": 2, "heads": 4, "kv_heads": 4, "seq_q": 80, "seq_kv": 80, "head_dim": 16},
 }
+
+
+def with_grouping(shape: Shape) -> Shape:
+    """A random shape made valid: ``kv_heads`` (drawn freely) becomes a divisor of ``heads``."""
+    if "kv_heads" in shape:
+        return {**shape, "kv_heads": math.gcd(shape["kv_heads"], shape["heads"])}
+    return shape
 
 
 def assert_matches_reference(

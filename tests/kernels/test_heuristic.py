@@ -18,7 +18,8 @@ LIMITS = DeviceLimits(local_memory_bytes=1024 * 1024)
 #: Small enough that ``1024 * 4 bytes * 2 buffers`` exceeds a third of it: the rule falls back to 512.
 TINY = DeviceLimits(local_memory_bytes=16 * 1024)
 
-# (kernel, shape, limits, expected default): one row per branch of the rule and kernel.
+# (kernel, shape as a client writes it, limits, expected default): one row per branch of the rule and
+# kernel. The shapes leave out the dims that have a default (parse_shape fills them, as the server does).
 DEFAULTS = [
     ("add", {"n": 1000}, LIMITS, {"tile_size": 1000, "buffer_num": 1, "pipeline_depth": 1}),
     ("add", {"n": 50_000}, LIMITS, {"tile_size": 256, "buffer_num": 2, "pipeline_depth": 2}),
@@ -108,9 +109,24 @@ DEFAULTS = [
         LIMITS,
         {"block_q": 32, "block_kv": 32, "buffer_num": 2, "pipeline_depth": 3},
     ),
+    (
+        "fused_attention",
+        {
+            "batch": 1,
+            "heads": 8,
+            "kv_heads": 2,
+            "seq_q": 128,
+            "seq_kv": 128,
+            "head_dim": 64,
+            "causal": 2,
+            "mask": 1,
+        },
+        LIMITS,
+        {"block_q": 16, "block_kv": 16, "buffer_num": 2, "pipeline_depth": 2},
+    ),
 ]
 
-TYPICAL: dict[str, list[Shape]] = {
+RAW_TYPICAL: dict[str, list[dict[str, int]]] = {
     "add": [{"n": 1 << 24}, {"n": 100_000}, {"n": 3}],
     "softmax": [{"rows": 4096, "cols": 4096}, {"rows": 8, "cols": 32768}, {"rows": 7, "cols": 9}],
     "rms_norm": [{"rows": 4096, "cols": 4096}, {"rows": 16384, "cols": 1024}],
@@ -118,15 +134,59 @@ TYPICAL: dict[str, list[Shape]] = {
     "fused_attention": [
         {"batch": 1, "heads": 4, "seq_q": 2048, "seq_kv": 2048, "head_dim": 64, "causal": 1},
         {"batch": 8, "heads": 16, "seq_q": 512, "seq_kv": 512, "head_dim": 128, "causal": 0},
+        {
+            "batch": 4,
+            "heads": 32,
+            "kv_heads": 8,
+            "seq_q": 1,
+            "seq_kv": 4096,
+            "head_dim": 128,
+            "causal": 2,
+            "mask": 1,
+        },
     ],
 }
+#: Every dim given (the shapes the spec's methods take).
+TYPICAL: dict[str, list[Shape]] = {
+    name: [KERNELS[name].parse_shape(raw) for raw in shapes] for name, shapes in RAW_TYPICAL.items()
+}
+
+
+@pytest.mark.parametrize(
+    ("name", "raw", "filled"),
+    [
+        (
+            "fused_attention",
+            {"batch": 2, "heads": 8, "seq_q": 3, "seq_kv": 5, "head_dim": 16, "causal": 1},
+            {"kv_heads": 8, "mask": 0},
+        ),
+        (
+            "fused_attention",
+            {"batch": 2, "heads": 8, "kv_heads": 2, "seq_q": 3, "seq_kv": 5, "head_dim": 16, "causal": 2},
+            {"mask": 0},
+        ),
+        ("matmul", {"m": 4, "n": 5, "k": 6}, {"a_transposed": 0, "b_transposed": 0}),
+        ("matmul", {"m": 4, "n": 5, "k": 6, "b_transposed": 1}, {"a_transposed": 0}),
+    ],
+)
+def test_parse_shape_fills_left_out_dims_with_their_defaults(
+    name: str, raw: dict[str, int], filled: dict[str, int]
+) -> None:
+    spec = KERNELS[name]
+    shape = spec.parse_shape(raw)
+    assert shape == {**raw, **filled}
+    assert list(shape) == [d.name for d in spec.dims]
+    key = spec.canonical_shape(shape)  # the server's key: every dim, left-out ones too
+    assert [part.split("=") for part in key.split(",")] == [[d.name, str(shape[d.name])] for d in spec.dims]
+    assert spec.parse_shape(shape) == shape  # a full shape parses to itself
 
 
 @pytest.mark.parametrize(("name", "shape", "limits", "expected"), DEFAULTS)
 def test_default_follows_the_hand_written_rule(
     name: str, shape: Shape, limits: DeviceLimits, expected: dict[str, int]
 ) -> None:
-    assert KERNELS[name].default_config(shape, "float32", limits) == expected
+    spec = KERNELS[name]
+    assert spec.default_config(spec.parse_shape(shape), "float32", limits) == expected
 
 
 @pytest.mark.parametrize("name", BUILTIN_KERNELS)
@@ -186,11 +246,22 @@ def test_working_set_counts_every_buffer_slot(name: str) -> None:
 def test_attention_working_set_is_per_batch_and_head() -> None:
     spec = KERNELS["fused_attention"]
     config = {"block_q": 64, "block_kv": 128, "buffer_num": 2, "pipeline_depth": 2}
-    small = {"batch": 1, "heads": 1, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 0}
-    large = {**small, "batch": 8, "heads": 32}
-    assert spec.working_set_bytes(config, small, "float32") == spec.working_set_bytes(
-        config, large, "float32"
-    )
+    small = {
+        "batch": 1,
+        "heads": 1,
+        "kv_heads": 1,
+        "seq_q": 512,
+        "seq_kv": 512,
+        "head_dim": 64,
+        "causal": 0,
+        "mask": 0,
+    }
+    small_bytes = spec.working_set_bytes(config, small, "float32")
+    for large in ({**small, "batch": 8, "heads": 32, "kv_heads": 32}, {**small, "heads": 32, "kv_heads": 4}):
+        assert spec.working_set_bytes(config, large, "float32") == small_bytes
+    # a mask adds its blocks: buffer_num of block_q x block_kv
+    masked = spec.working_set_bytes(config, {**small, "mask": 1}, "float32")
+    assert masked == small_bytes + 2 * 64 * 128 * 4
 
 
 @pytest.mark.parametrize(
@@ -201,11 +272,31 @@ def test_attention_working_set_is_per_batch_and_head() -> None:
         ("add", {"n": 0}, "shape.n", "positive"),
         ("softmax", {"rows": -3, "cols": 4}, "shape.rows", "positive"),
         ("matmul", {"m": 4, "n": 4, "k": "4"}, "shape.k", "integer"),
+        ("matmul", {"m": 4, "n": 4, "k": 4, "a_transposed": 2}, "shape.a_transposed", "one of [0, 1]"),
+        ("matmul", {"n": 4, "k": 4, "b_transposed": 1}, "shape", "missing ['m']"),
         (
             "fused_attention",
-            {"batch": 1, "heads": 1, "seq_q": 4, "seq_kv": 4, "head_dim": 4, "causal": 2},
+            {"batch": 1, "heads": 1, "seq_q": 4, "seq_kv": 4, "head_dim": 4, "causal": 3},
             "shape.causal",
+            "one of [0, 1, 2]",
+        ),
+        (
+            "fused_attention",
+            {"batch": 1, "heads": 1, "seq_q": 4, "seq_kv": 4, "head_dim": 4, "causal": 0, "mask": 2},
+            "shape.mask",
             "one of [0, 1]",
+        ),
+        (
+            "fused_attention",
+            {"batch": 1, "heads": 4, "kv_heads": 3, "seq_q": 4, "seq_kv": 4, "head_dim": 4, "causal": 0},
+            "shape.kv_heads",
+            "must divide heads (4), got 3",
+        ),
+        (
+            "fused_attention",
+            {"batch": 1, "kv_heads": 1, "seq_q": 4, "seq_kv": 4, "head_dim": 4},
+            "shape",
+            "missing ['heads', 'causal']",
         ),
     ],
 )
@@ -243,7 +334,7 @@ def test_bad_shapes_name_the_field(name: str, raw: dict[str, object], field: str
         ),
         (
             "matmul",
-            {"m": 64, "n": 64, "k": 64},
+            {"m": 64, "n": 64, "k": 64, "a_transposed": 0, "b_transposed": 0},
             {"tile_m": 64, "tile_n": 64, "tile_k": 64, "buffer_num": 5, "pipeline_depth": 1},
             "config.buffer_num",
             "outside",

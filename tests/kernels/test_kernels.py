@@ -14,7 +14,7 @@ from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.registry import builtin_kernels
 
-from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
+from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference, with_grouping
 
 TRITON_KERNELS = tuple(f"triton_{kernel}" for kernel in BUILTIN_KERNELS)
 NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
@@ -25,8 +25,10 @@ LIMITS = cpu_chip().limits
 
 def test_every_builtin_module_exposes_a_versioned_spec() -> None:
     assert list(KERNELS) == [*BUILTIN_KERNELS, *TRITON_KERNELS, *NATIVE_KERNELS]
+    changed = {"matmul", "fused_attention"}  # version 2: layout dims; kv_heads, mask and causal=2
     for spec in KERNELS.values():
-        assert spec.version == 1
+        kernel = spec.name.removeprefix("triton_").removeprefix("native_")
+        assert spec.version == (2 if kernel in changed else 1), spec.name
         family = spec.name.split("_")[0]
         expected = {"triton": ("triton",), "native": ("native",)}.get(family, ("torch", "native"))
         assert spec.backends() == expected
@@ -55,12 +57,14 @@ def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> Non
 @st.composite
 def shapes_and_configs(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int], str]:
     spec = KERNELS[name]
-    shape = {
-        dim.name: draw(
-            st.sampled_from(dim.choices) if dim.choices else st.integers(1, DIM_BOUNDS[name][dim.name])
-        )
-        for dim in spec.dims
-    }
+    shape = with_grouping(
+        {
+            dim.name: draw(
+                st.sampled_from(dim.choices) if dim.choices else st.integers(1, DIM_BOUNDS[name][dim.name])
+            )
+            for dim in spec.dims
+        }
+    )
     dtype = draw(st.sampled_from(["float32", "float32", "float16", "bfloat16"]))
     config = draw(st.sampled_from(spec.space(shape, dtype, LIMITS)))
     return shape, config, dtype
@@ -102,14 +106,35 @@ def test_an_unknown_backend_is_refused_with_the_choices() -> None:
         spec.run(inputs, spec.default_config(shape, "float32", LIMITS), shape, backend="triton")
 
 
-def test_causal_attention_matches_torch_sdpa_top_left_alignment() -> None:
-    """Our reference (and so the kernel) masks like SDPA's is_causal, also for seq_q != seq_kv."""
+def attention_shape(seq_q: int, seq_kv: int, causal: int, *, heads: int = 2, kv_heads: int = 2) -> Shape:
+    """A full ``fused_attention`` shape (every dim, no mask) of batch 1 and head_dim 8."""
+    return {
+        "batch": 1,
+        "heads": heads,
+        "kv_heads": kv_heads,
+        "seq_q": seq_q,
+        "seq_kv": seq_kv,
+        "head_dim": 8,
+        "causal": causal,
+        "mask": 0,
+    }
+
+
+@pytest.mark.parametrize("causal", [1, 2])
+def test_causal_attention_matches_torch_sdpa_alignment(causal: int) -> None:
+    """Our reference (and so the kernel) masks like SDPA: ``causal=1`` as ``is_causal`` (top-left),
+    ``causal=2`` as ``causal_lower_right`` (bottom-right), also for seq_q != seq_kv; a query that
+    sees no key (bottom-right, seq_q > seq_kv) gives 0, as SDPA does."""
     spec = KERNELS["fused_attention"]
     for seq_q, seq_kv in ((20, 20), (12, 30), (30, 12)):
-        shape = {"batch": 1, "heads": 2, "seq_q": seq_q, "seq_kv": seq_kv, "head_dim": 8, "causal": 1}
+        shape = attention_shape(seq_q, seq_kv, causal)
         inputs = spec.make_inputs(shape, "float32", CPU)
         q, k, v = inputs
-        sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if causal == 1:
+            sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:  # causal_lower_right's mask, spelled out (torch warns of NaN for seq_q > seq_kv; it gives 0)
+            visible = torch.ones(seq_q, seq_kv, dtype=torch.bool).tril(seq_kv - seq_q)
+            sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible)
         torch.testing.assert_close(spec.reference(inputs, shape), sdpa, atol=1e-5, rtol=1e-5)
         config = {
             "block_q": min(16, seq_q),
@@ -118,10 +143,26 @@ def test_causal_attention_matches_torch_sdpa_top_left_alignment() -> None:
             "pipeline_depth": 3,
         }
         torch.testing.assert_close(spec.run(inputs, config, shape), sdpa, atol=1e-5, rtol=1e-5)
+    shape = attention_shape(12, 30, 1)
+    inputs = spec.make_inputs(shape, "float32", CPU)
+    top_left, bottom_right = (spec.reference(inputs, {**shape, "causal": c}) for c in (1, 2))
+    assert not torch.allclose(top_left, bottom_right)  # the two alignments differ when seq_q != seq_kv
+
+
+def test_grouped_query_attention_matches_torch_sdpa() -> None:
+    """With ``kv_heads < heads`` each kv head serves ``heads / kv_heads`` query heads, as SDPA's
+    ``enable_gqa``."""
+    spec = KERNELS["fused_attention"]
+    shape = attention_shape(20, 24, 1, heads=4, kv_heads=2)
+    q, k, v = inputs = spec.make_inputs(shape, "float32", CPU)
+    assert k.shape[1] == 2
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    config = {"block_q": 16, "block_kv": 16, "buffer_num": 2, "pipeline_depth": 3}
+    torch.testing.assert_close(spec.run(inputs, config, shape), sdpa, atol=1e-5, rtol=1e-5)
 
 
 def test_non_contiguous_inputs_give_the_same_result() -> None:
-    shape = {"batch": 2, "heads": 3, "seq_q": 20, "seq_kv": 24, "head_dim": 8, "causal": 1}
+    shape = {**attention_shape(20, 24, 1, heads=3, kv_heads=3), "batch": 2}
     spec = KERNELS["fused_attention"]
     inputs = spec.make_inputs(shape, "float32", CPU)
     sequence_major = tuple(t.transpose(1, 2).contiguous().transpose(1, 2) for t in inputs)

@@ -31,8 +31,17 @@ SHAPES: dict[str, Shape] = {
     "add": {"n": 3000},
     "softmax": {"rows": 9, "cols": 100},
     "rms_norm": {"rows": 7, "cols": 96},
-    "matmul": {"m": 40, "n": 24, "k": 56},
-    "fused_attention": {"batch": 1, "heads": 2, "seq_q": 40, "seq_kv": 56, "head_dim": 16, "causal": 0},
+    "matmul": {"m": 40, "n": 24, "k": 56, "a_transposed": 0, "b_transposed": 0},
+    "fused_attention": {
+        "batch": 1,
+        "heads": 2,
+        "kv_heads": 2,
+        "seq_q": 40,
+        "seq_kv": 56,
+        "head_dim": 16,
+        "causal": 0,
+        "mask": 0,
+    },
 }
 
 
@@ -144,13 +153,27 @@ def test_a_refused_config_is_logged_once_per_call_key(caplog: pytest.LogCaptureF
     assert "pipeline_depth=3 needs buffer_num >= 2" in refusals[0].getMessage()
 
 
-def test_causal_is_given_by_keyword_and_asked_for() -> None:
+@pytest.mark.parametrize("causal", [1, 2])
+def test_causal_is_given_by_keyword_and_asked_for(causal: int) -> None:
     spec = KERNELS["fused_attention"]
-    shape = {**SHAPES["fused_attention"], "causal": 1}
+    shape = {**SHAPES["fused_attention"], "causal": causal}
     inputs = spec.make_inputs(shape, "float32", CPU, seed=4)
     source = FixedSource(a_valid_config(spec, shape, "float32"))
-    out = launch("fused_attention", *inputs, client=source, causal=True)
-    assert source.asked[-1][1]["causal"] == 1
+    out = launch("fused_attention", *inputs, client=source, causal=causal)
+    assert source.asked[-1][1]["causal"] == causal
+    assert_close_to_reference(spec, inputs, shape, out)
+
+
+def test_a_mask_is_a_fourth_tensor_and_grouped_heads_are_read_from_k() -> None:
+    spec = KERNELS["fused_attention"]
+    shape = {**SHAPES["fused_attention"], "heads": 4, "kv_heads": 2, "causal": 2, "mask": 1}
+    inputs = spec.make_inputs(shape, "float32", CPU, seed=5)
+    assert len(inputs) == 4
+    assert spec.shape_of(inputs) == {**shape, "causal": 0}  # the tensors cannot tell causal
+    source = FixedSource(a_valid_config(spec, shape, "float32"))
+    out = launch("fused_attention", *inputs, client=source, causal=2)
+    assert source.asked[-1][1] == shape
+    assert out.shape == inputs[0].shape  # the output only, not the log-sum-exp
     assert_close_to_reference(spec, inputs, shape, out)
 
 
@@ -166,7 +189,16 @@ def test_keyword_dims_may_not_contradict_the_tensors_or_name_unknown_dims() -> N
         launch("add", a, b, client=source, causal=1)
     q, k, v = KERNELS["fused_attention"].make_inputs(SHAPES["fused_attention"], "float32", CPU)
     with pytest.raises(ShapeError, match="must be one of"):
-        launch("fused_attention", q, k, v, client=source, causal=2)
+        launch("fused_attention", q, k, v, client=source, causal=3)
+    launch("fused_attention", q, k, v, client=source, mask=0)  # the tensors say no mask: agreeing
+    with pytest.raises(ShapeError) as error:
+        launch("fused_attention", q, k, v, client=source, mask=1)
+    assert error.value.field == "shape.mask"
+    a, b = KERNELS["matmul"].make_inputs(SHAPES["matmul"], "float32", CPU)
+    launch("matmul", a, b.t().contiguous().t(), client=source, b_transposed=1)
+    with pytest.raises(ShapeError) as error:
+        launch("matmul", a, b, client=source, a_transposed=1)
+    assert error.value.field == "shape.a_transposed"
 
 
 def test_row_kernels_and_add_take_any_leading_dims() -> None:
@@ -202,9 +234,21 @@ def test_row_kernels_and_add_take_any_leading_dims() -> None:
         ),
         (
             "fused_attention",
-            (torch.ones(1, 2, 8, 4), torch.ones(1, 3, 6, 4), torch.ones(1, 3, 6, 4)),
+            (torch.ones(1, 4, 8, 4), torch.ones(1, 2, 6, 4), torch.ones(1, 1, 6, 4)),
+            "inputs.v",
+            "its kv_heads (dim 1, as k's) is 1, expected 2",
+        ),
+        (
+            "fused_attention",
+            (torch.ones(1, 2, 8, 4), torch.ones(2, 2, 6, 4), torch.ones(2, 2, 6, 4)),
             "inputs.k",
-            "its heads (dim 1) is 3, expected 2",
+            "its batch (dim 0) is 2, expected 1",
+        ),
+        (
+            "fused_attention",
+            (*(torch.ones(1, 2, n, 4) for n in (8, 6, 6)), torch.zeros(1, 3, 8, 6)),
+            "inputs.mask",
+            "its heads (dim 1) or 1 is 3, expected 2",
         ),
     ],
 )
@@ -215,6 +259,15 @@ def test_tensors_that_do_not_fit_the_kernel_name_the_input(
         KERNELS[name].shape_of(inputs)
     assert error.value.field == field
     assert message in str(error.value)
+
+
+def test_kv_heads_that_do_not_divide_the_query_heads_are_refused_at_launch() -> None:
+    q, k, v = torch.ones(1, 2, 8, 4), torch.ones(1, 3, 6, 4), torch.ones(1, 3, 6, 4)
+    assert KERNELS["fused_attention"].shape_of((q, k, v))["kv_heads"] == 3
+    with pytest.raises(ShapeError) as error:
+        launch("fused_attention", q, k, v, client=FixedSource({}))
+    assert error.value.field == "shape.kv_heads"
+    assert "must divide heads (2), got 3" in str(error.value)
 
 
 def test_dtype_comes_from_the_tensors() -> None:
@@ -335,7 +388,7 @@ def test_a_native_config_over_every_core_of_this_cpu_is_taken_as_given() -> None
 
 def test_launch_keeps_the_gradient_through_the_kernels_operator() -> None:
     q, k, v = (torch.randn(1, 2, 9, 16, requires_grad=True) for _ in range(3))
-    out = launch("fused_attention", q, k, v, client=FixedSource({}), causal=True)
+    out = launch("fused_attention", q, k, v, client=FixedSource({}), causal=2)
     torch.autograd.backward(out.sum())
 
     assert out.grad_fn is not None

@@ -23,7 +23,7 @@ from tiletune.kernels.native.spec import NativeSpec, all_cores, preferred_backen
 from tiletune.kernels.registry import builtin_kernels
 from tiletune.tuner.measure.bench import KernelBench
 
-from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference
+from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference, with_grouping
 
 NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
 
@@ -95,6 +95,7 @@ def shape_and_config(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int]]
             shape[dim.name] = draw(st.sampled_from(dim.choices))
         else:
             shape[dim.name] = draw(st.integers(1, DIM_BOUNDS[name][dim.name]))
+    shape = with_grouping(shape)
     space = spec.space(shape, "float32", LIMITS)
     return shape, draw(st.sampled_from(space))
 
@@ -160,8 +161,9 @@ def test_block_dim_is_one_core_where_the_chip_reports_none() -> None:
 
 def test_every_knob_changes_nothing_but_the_speed_causal_and_not() -> None:
     spec = native("fused_attention")
-    for causal in (0, 1):
-        shape = {"batch": 1, "heads": 2, "seq_q": 90, "seq_kv": 70, "head_dim": 16, "causal": causal}
+    for causal, kv_heads, mask in ((0, 2, 0), (1, 2, 0), (2, 1, 1)):
+        shape = {"batch": 1, "heads": 2, "kv_heads": kv_heads, "seq_q": 90, "seq_kv": 70, "head_dim": 16}
+        shape |= {"causal": causal, "mask": mask}
         inputs = spec.make_inputs(shape, "float32", CPU)
         results = [spec.run(inputs, c, shape) for c in spec.space(shape, "float32", LIMITS)[::7]]
         for result in results[1:]:

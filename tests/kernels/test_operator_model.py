@@ -48,7 +48,7 @@ def torch_linear(x: Tensor, weight: Tensor) -> Tensor:
 
 
 def tiletune_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    out: Tensor = torch.ops.tiletune.fused_attention(q, k, v, True)
+    out: Tensor = torch.ops.tiletune.fused_attention(q, k, v, causal=1)[0]
     return out
 
 

@@ -13,6 +13,7 @@ import torch
 
 from tiletune.kernels.add import portable as add
 from tiletune.kernels.fused_attention import portable as fused_attention
+from tiletune.kernels.fused_attention.tiles import attention_steps
 from tiletune.kernels.matmul import portable as matmul
 from tiletune.kernels.pipeline import Slots, TiledLoop, check_pipeline, execute, tracing
 from tiletune.kernels.softmax import portable as softmax
@@ -184,10 +185,13 @@ def test_add_runs_one_step_per_tile_of_tile_size(tile: int, buffer_num: int, dep
     assert 1 <= in_flight <= depth
 
 
-def test_matmul_takes_one_step_per_k_tile_of_every_output_tile() -> None:
-    shape = {"m": 40, "n": 33, "k": 70}
+@pytest.mark.parametrize("layout", [(0, 0), (1, 0), (0, 1), (1, 1)])
+def test_matmul_takes_one_step_per_k_tile_of_every_output_tile(layout: tuple[int, int]) -> None:
+    """Whatever the operands' layouts (read in place): the same tiles and steps."""
+    shape = {"m": 40, "n": 33, "k": 70, "a_transposed": layout[0], "b_transposed": layout[1]}
     config = {"tile_m": 16, "tile_n": 32, "tile_k": 32, "buffer_num": 2, "pipeline_depth": 2}
     inputs = matmul.SPEC.make_inputs(shape, "float32", CPU)
+    assert matmul.SPEC.shape_of(inputs) == shape
     copy_ins, copy_outs, _ = traced(lambda: matmul.SPEC.run(inputs, config, shape))
     assert len(copy_outs) == 3 * 2
     assert len(copy_ins) == 3 * 2 * 3
@@ -202,16 +206,35 @@ def test_softmax_column_tiles_take_two_passes_per_row_tile() -> None:
     assert len(copy_outs) == 3 * 4
 
 
-def test_causal_attention_skips_kv_blocks_above_the_diagonal() -> None:
-    shape = {"batch": 1, "heads": 2, "seq_q": 64, "seq_kv": 64, "head_dim": 8, "causal": 1}
+@pytest.mark.parametrize(
+    ("seq_q", "seq_kv", "causal", "kv_blocks"),
+    [
+        (64, 64, 0, [4, 4, 4, 4]),
+        (64, 64, 1, [1, 2, 3, 4]),
+        (64, 64, 2, [1, 2, 3, 4]),  # square: both alignments are the diagonal
+        (32, 64, 1, [1, 2]),  # top-left: query i sees keys 0..i
+        (32, 64, 2, [3, 4]),  # bottom-right: query i sees keys 0..i + 32
+        (64, 32, 2, [1, 1, 1, 2]),  # queries 0..31 see no key: one masked step writes their zeros
+    ],
+)
+def test_causal_attention_skips_kv_blocks_above_the_diagonal(
+    seq_q: int, seq_kv: int, causal: int, kv_blocks: list[int]
+) -> None:
+    shape = {
+        "batch": 1,
+        "heads": 2,
+        "kv_heads": 2,
+        "seq_q": seq_q,
+        "seq_kv": seq_kv,
+        "head_dim": 8,
+        "causal": causal,
+        "mask": 0,
+    }
     config = {"block_q": 16, "block_kv": 16, "buffer_num": 2, "pipeline_depth": 2}
     inputs = fused_attention.SPEC.make_inputs(shape, "float32", CPU)
     copy_ins, copy_outs, _ = traced(lambda: fused_attention.SPEC.run(inputs, config, shape))
-    assert len(copy_outs) == 4
-    assert len(copy_ins) == 1 + 2 + 3 + 4
-    full = dict(shape, causal=0)
-    copy_ins, _, _ = traced(lambda: fused_attention.SPEC.run(inputs, config, full))
-    assert len(copy_ins) == 16
+    assert len(copy_outs) == len(kv_blocks)
+    assert len(copy_ins) == sum(kv_blocks)
 
 
 # -- the accelerator path, on simulated streams ---------------------------------
@@ -308,7 +331,16 @@ def test_stream_events_order_every_slot_on_accelerators(
 
 
 def test_causal_attention_cuts_the_kv_block_crossing_the_last_query() -> None:
-    steps = fused_attention.attention_steps(64, 64, 16, 32, causal=True)
+    steps = attention_steps(64, 64, 16, 32, causal=1)
     spans = [[(s.kv.start, s.kv.stop) for s in steps if s.tile == t] for t in range(4)]
     assert spans == [[(0, 16)], [(0, 32)], [(0, 32), (32, 48)], [(0, 32), (32, 64)]]
     assert [s.masked for s in steps] == [True, True, False, True, False, True]
+
+
+def test_bottom_right_causal_attention_cuts_where_the_last_query_of_a_block_stops() -> None:
+    """``causal=2`` with 16 queries over 40 keys: query i sees keys 0..i + 24."""
+    steps = attention_steps(16, 40, 8, 16, causal=2)
+    spans = [[(s.kv.start, s.kv.stop) for s in steps if s.tile == t] for t in range(2)]
+    assert spans == [[(0, 16), (16, 32)], [(0, 16), (16, 32), (32, 40)]]
+    # a block's steps are masked past its first query's last key: 24 for block 0, 32 for block 1
+    assert [s.masked for s in steps] == [False, True, False, False, True]

@@ -9,6 +9,7 @@ tensors a small call really makes; the big shapes are only counted, never alloca
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.kernels.test_launch import ScaleSpec, load_gelu_plugin
 from tiletune.client.wire import MAX_DIM
@@ -16,6 +17,8 @@ from tiletune.kernels.declaration import MAX_TENSOR_BYTES, WIDEST_DTYPE, Shape, 
 from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ShapeError
+from tiletune.kernels.fused_attention import portable as fused_attention
+from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
 from tiletune.kernels.registry import all_kernels, builtin_kernels
 from tiletune.kernels.spec import KernelSpec
 
@@ -24,12 +27,31 @@ from .cases import CPU, SHAPES
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
 
-MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096}
-ATTENTION_4096 = {"batch": 1, "heads": 32, "seq_q": 4096, "seq_kv": 4096, "head_dim": 128, "causal": 0}
+MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096, "a_transposed": 0, "b_transposed": 1}
+#: Grouped-query attention as in an 8B model's prefill: 32 query heads share 8 kv heads.
+ATTENTION_4096 = {
+    "batch": 1,
+    "heads": 32,
+    "kv_heads": 8,
+    "seq_q": 4096,
+    "seq_kv": 4096,
+    "head_dim": 128,
+    "causal": 2,
+    "mask": 0,
+}
 #: ``out`` would be 2^40 elements: 4 TiB in float32.
-MATMUL_TOO_BIG = {"m": 2**20, "n": 2**20, "k": 16}
+MATMUL_TOO_BIG = {"m": 2**20, "n": 2**20, "k": 16, "a_transposed": 0, "b_transposed": 0}
 #: ``q`` would be 2^40 elements: 4 TiB in float32.
-ATTENTION_TOO_BIG = {"batch": 64, "heads": 128, "seq_q": 131072, "seq_kv": 1, "head_dim": 1024, "causal": 0}
+ATTENTION_TOO_BIG = {
+    "batch": 64,
+    "heads": 128,
+    "kv_heads": 128,
+    "seq_q": 131072,
+    "seq_kv": 1,
+    "head_dim": 1024,
+    "causal": 0,
+    "mask": 0,
+}
 
 
 def test_the_widest_dtype_is_float32_and_the_limit_is_one_tebibyte() -> None:
@@ -61,7 +83,13 @@ def test_a_shape_whose_tensor_exceeds_the_limit_is_refused_naming_the_tensor(
 
 def test_the_limit_is_on_each_tensor_inclusive() -> None:
     matmul = KERNELS["matmul"]
-    at_limit = {"m": 2**19, "n": 2**19, "k": 1}  # out: 2^38 float32 elements, exactly 1 TiB
+    at_limit = {
+        "m": 2**19,
+        "n": 2**19,
+        "k": 1,
+        "a_transposed": 0,
+        "b_transposed": 0,
+    }  # out: 2^38 float32 elements, exactly 1 TiB
     assert matmul.tensor_bytes(at_limit, WIDEST_DTYPE)["out"] == MAX_TENSOR_BYTES
     assert matmul.parse_shape(at_limit) == at_limit
     with pytest.raises(ShapeError, match="tensor out"):
@@ -84,10 +112,17 @@ def test_a_dim_beyond_what_the_database_holds_is_refused_naming_the_dim() -> Non
 
 
 def reference_bytes(spec: KernelSpec, shape: Shape, dtype: str) -> tuple[list[int], int]:
-    """The bytes of a real call's inputs and output (sorted), and of the reference's result."""
+    """The bytes of a real call's inputs and outputs (sorted: ``fused_attention`` gives its output
+    and log-sum-exp), and of the reference's result."""
     inputs = spec.make_inputs(shape, dtype, CPU)
-    output = spec.run(inputs, spec.default_config(shape, dtype, LIMITS), shape)
-    return sorted([t.nbytes for t in inputs] + [output.nbytes]), spec.reference(inputs, shape).nbytes
+    config = spec.default_config(shape, dtype, LIMITS)
+    outputs: tuple[torch.Tensor, ...] = (
+        spec.attend(inputs, config, shape)
+        if isinstance(spec, FusedAttentionSpec)
+        else (spec.run(inputs, config, shape),)
+    )
+    call = sorted([t.nbytes for t in inputs] + [t.nbytes for t in outputs])
+    return call, spec.reference(inputs, shape).nbytes
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
@@ -98,6 +133,24 @@ def test_declared_tensors_are_the_tensors_of_a_call(name: str, dtype: str) -> No
     call, reference = reference_bytes(spec, shape, dtype)
     assert sorted(spec.tensor_bytes(shape, dtype).values()) == call
     assert spec.workspace_bytes(shape, dtype)["reference"] == reference
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_attention_declares_grouped_kv_and_the_mask_at_its_largest(dtype: str) -> None:
+    """k and v at ``kv_heads``; the mask counted as ``[batch, heads, seq_q, seq_kv]`` (the largest a
+    call may pass: the one made here broadcasts over heads, and is no larger)."""
+    spec = fused_attention.SPEC
+    shape = next(s for s in SHAPES["fused_attention"] if s["mask"] and s["kv_heads"] < s["heads"])
+    declared = spec.tensor_bytes(shape, dtype)
+    q, k, v, mask = inputs = spec.make_inputs(shape, dtype, CPU)
+    out, lse = spec.attend(inputs, spec.default_config(shape, dtype, LIMITS), shape)
+    made = {"q": q, "k": k, "v": v, "out": out, "lse": lse}
+    assert {name: size for name, size in declared.items() if name != "mask"} == {
+        name: t.nbytes for name, t in made.items()
+    }
+    b, h, sq, skv = (shape[n] for n in ("batch", "heads", "seq_q", "seq_kv"))
+    assert declared["mask"] == mask.new_empty(b, h, sq, skv).nbytes >= mask.nbytes
+    assert "mask" not in spec.tensor_bytes({**shape, "mask": 0}, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])

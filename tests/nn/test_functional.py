@@ -4,11 +4,15 @@ cover the call, torch's own function (logged once) where they do not."""
 from __future__ import annotations
 
 import logging
+import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 from torch.nn import functional as torch_functional
+from torch.nn.attention.bias import causal_lower_right, causal_upper_left
+from torch.profiler import profile
 
 from tiletune.nn import functional
 
@@ -56,24 +60,66 @@ def test_attention_on_the_operator_matches_torch(  # noqa: PLR0917  (the paramet
     assert_same_with_gradients(ours, theirs, (q, k, v))
 
 
+def padding(seq_q: int, seq_kv: int) -> torch.Tensor:
+    """A boolean ``[2, 1, seq_q, seq_kv]`` mask (True: attend): the first sequence's first 4 keys
+    are padding, the second sees every key."""
+    mask = torch.ones(2, 1, seq_q, seq_kv, dtype=torch.bool)
+    mask[0, :, :, :4] = False
+    return mask
+
+
+#: Masks SDPA takes, each on the operator: ``(name, attn_mask for (seq_q, seq_kv), kv heads)``.
+MASKS: list[tuple[str, Callable[[int, int], Any], int]] = [
+    ("boolean", padding, 4),
+    ("additive", lambda q, kv: torch.randn(q, kv, generator=torch.Generator().manual_seed(2)), 4),
+    ("boolean-gqa", padding, 2),
+    ("additive-from-boolean", lambda q, kv: torch.zeros(()).masked_fill(~padding(q, kv), -math.inf), 1),
+    ("causal-lower-right", causal_lower_right, 4),
+    ("causal-upper-left", causal_upper_left, 4),
+]
+
+
+@pytest.mark.parametrize(("seq_q", "seq_kv"), [(9, 13), (13, 13)])
+@pytest.mark.parametrize(("name", "make_mask", "kv_heads"), MASKS, ids=[m[0] for m in MASKS])
+def test_masked_attention_runs_the_operator_as_torch_does(
+    name: str, make_mask: Callable[[int, int], Any], kv_heads: int, seq_q: int, seq_kv: int
+) -> None:
+    q, k, v = attention_inputs(4, kv_heads, seq_q, seq_kv)
+    mask = make_mask(seq_q, seq_kv)
+    gqa = kv_heads != 4
+    with profile() as trace:
+        ours = functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    assert "tiletune::fused_attention" in {event.name for event in trace.events()}
+    theirs = torch_functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    assert_same_with_gradients(ours, theirs, (q, k, v))
+
+
+def test_is_causal_between_sequences_of_different_lengths_is_top_left_as_torchs() -> None:
+    """torch's ``is_causal`` aligns top-left whatever the lengths (its documentation: the upper-left
+    causal bias when the mask is not square); the operator's ``causal=1`` does the same."""
+    q, k, v = attention_inputs(4, 4, 9, 13)
+    ours = functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    theirs = torch_functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    assert_same_with_gradients(ours, theirs, (q, k, v))
+
+
 def test_calls_the_operator_does_not_cover_run_torchs_function_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     q, k, v = attention_inputs(4, 4, 9, 13)
-    mask = torch.rand(9, 13) > 0.3
+    wide_v = torch.randn(2, 4, 13, 24)  # another head_dim for the values
     caplog.set_level(logging.INFO, logger="tiletune.nn.functional")
-    cases: list[dict[str, Any]] = [
-        {"attn_mask": mask},
-        {"attn_mask": mask.float().log()},  # an additive mask
-        {"is_causal": True},  # seq_q != seq_kv: SDPA aligns causal bottom-right
-    ]
-    for case in cases * 2:
-        ours = functional.scaled_dot_product_attention(q, k, v, **case)
-        torch.testing.assert_close(ours, torch_functional.scaled_dot_product_attention(q, k, v, **case))
+    for _ in range(2):
+        for value, dropout_p in ((v, 0.5), (wide_v, 0.0)):
+            torch.manual_seed(3)
+            ours = functional.scaled_dot_product_attention(q, k, value, dropout_p=dropout_p)
+            torch.manual_seed(3)
+            theirs = torch_functional.scaled_dot_product_attention(q, k, value, dropout_p=dropout_p)
+            torch.testing.assert_close(ours, theirs)
     lines = [record.getMessage() for record in caplog.records]
     assert len(lines) == 2, lines  # one line per reason, however many calls
-    assert any("attn_mask" in line for line in lines)
-    assert any("bottom-right" in line for line in lines)
+    assert any("dropout" in line for line in lines)
+    assert any("head_dim" in line for line in lines)
 
 
 def test_rms_norm_and_linear_match_torch_with_gradients() -> None:

@@ -3,12 +3,15 @@ and its results, eagerly and under ``torch.compile(fullgraph=True)``."""
 
 from __future__ import annotations
 
+import pickle
+
 import torch
 import torch._dynamo
 from torch._dynamo.testing import CompileCounter
 from torch.nn import functional as torch_functional
 from torch.profiler import profile
 
+import tiletune
 import tiletune.nn
 from tiletune.nn import Linear, RMSNorm
 
@@ -82,3 +85,16 @@ def test_a_patched_model_runs_and_trains_under_autocast() -> None:
     for name, parameter in model.named_parameters():
         assert parameter.grad is not None, name
         assert parameter.grad.dtype == parameter.dtype, name
+
+
+def test_a_patched_model_pickles_whole_and_loads_patched() -> None:
+    """``torch.save(model)`` of a patched model: it loads with tiletune's layers and forward."""
+    model, reference = patched_pair()
+    loaded = pickle.loads(pickle.dumps(model))
+    x = torch.randn(1, 20, 64)
+    torch.testing.assert_close(loaded(x), reference(x), atol=1e-5, rtol=1e-4)
+    with profile() as trace:
+        loaded(x)
+    assert "tiletune::fused_attention" in {event.name for event in trace.events()}
+    assert tiletune.patch(loaded) is loaded  # patching again changes nothing
+    assert type(loaded.norm) is RMSNorm

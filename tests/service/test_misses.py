@@ -293,8 +293,18 @@ def test_the_export_bundle_carries_the_kernels_info(client: TestClient) -> None:
     kernels = {info["name"]: info for info in bundle["kernels"]}
     assert set(kernels) == set(all_kernels())
     attention = kernels["fused_attention"]
-    assert attention["dims"] == ["batch", "heads", "seq_q", "seq_kv", "head_dim", "causal"]
-    assert attention["categorical"] == ["causal"]
+    assert attention["dims"] == [
+        "batch",
+        "heads",
+        "kv_heads",
+        "seq_q",
+        "seq_kv",
+        "head_dim",
+        "causal",
+        "mask",
+    ]
+    assert attention["categorical"] == ["causal", "mask"]
+    assert attention["dim_defaults"] == {"kv_heads": "heads", "mask": 0}
     spec = all_kernels()["fused_attention"]
     assert attention["version"] == spec.version
     assert attention["knobs"] == [knob.name for knob in spec.knobs]

@@ -24,8 +24,9 @@ from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 
 CHIP = {"name": "cpu/Shape Bound Chip/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
-MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096}
-ATTENTION_4096 = {"batch": 1, "heads": 32, "seq_q": 4096, "seq_kv": 4096, "head_dim": 128, "causal": 0}
+MATMUL_4096 = {"m": 4096, "n": 4096, "k": 4096, "a_transposed": 0, "b_transposed": 1}
+ATTENTION_4096 = {"batch": 1, "heads": 32, "kv_heads": 8, "seq_q": 4096, "seq_kv": 4096, "head_dim": 128}
+ATTENTION_4096 |= {"causal": 1, "mask": 0}
 BIG = [("matmul", MATMUL_4096), ("fused_attention", ATTENTION_4096)]
 #: ``out`` would hold 2^40 float32 elements (4 TiB); ``a`` and ``b`` only 64 MiB each.
 MATMUL_TOO_BIG = {"m": 2**20, "n": 2**20, "k": 16}

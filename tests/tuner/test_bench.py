@@ -164,7 +164,16 @@ def test_compare_with_vendor_adds_the_default_and_a_vendor_row_interleaved() -> 
     from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
 
     spec = get_kernel("fused_attention")
-    shape = {"batch": 1, "heads": 2, "seq_q": 40, "seq_kv": 40, "head_dim": 16, "causal": 1}
+    shape = {
+        "batch": 1,
+        "heads": 2,
+        "kv_heads": 2,
+        "seq_q": 40,
+        "seq_kv": 40,
+        "head_dim": 16,
+        "causal": 1,
+        "mask": 0,
+    }
     device = CpuDevice()
     settings = BenchSettings(min_samples=5, max_samples=20, budget_s=0.01)
     bench = KernelBench(spec, shape, "float32", device, settings=settings)

@@ -39,11 +39,16 @@ def test_kernels_lists_builtins_with_dims_and_spaces(capsys: pytest.CaptureFixtu
     assert [d["name"] for d in kernels["fused_attention"]["dims"]] == [
         "batch",
         "heads",
+        "kv_heads",
         "seq_q",
         "seq_kv",
         "head_dim",
         "causal",
+        "mask",
     ]
+    assert kernels["fused_attention"]["version"] == kernels["matmul"]["version"] == 2
+    assert [d["choices"] for d in kernels["fused_attention"]["dims"][-2:]] == [[0, 1, 2], [0, 1]]
+    assert [d["name"] for d in kernels["matmul"]["dims"]] == ["m", "n", "k", "a_transposed", "b_transposed"]
     assert {k["name"] for k in kernels["matmul"]["knobs"]} == {
         "tile_m",
         "tile_n",
@@ -125,11 +130,22 @@ def test_bench_measures_configs_the_default_and_the_vendor_op_interleaved(
                 "tune",
                 "fused_attention",
                 "--shape",
-                "batch=1,heads=1,seq_q=8,seq_kv=8,head_dim=8,causal=2",
+                "batch=1,heads=1,seq_q=8,seq_kv=8,head_dim=8,causal=3",
                 "--dtype",
                 "float32",
             ],
-            "shape.causal: must be one of [0, 1]",
+            "shape.causal: must be one of [0, 1, 2]",
+        ),
+        (
+            [
+                "tune",
+                "fused_attention",
+                "--shape",
+                "batch=1,heads=4,kv_heads=3,seq_q=8,seq_kv=8,head_dim=8,causal=2",
+                "--dtype",
+                "float32",
+            ],
+            "shape.kv_heads: must divide heads (4), got 3",
         ),
         (
             [

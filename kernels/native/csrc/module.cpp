@@ -9,5 +9,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("softmax", &native_softmax, "softmax over the last dim of rows x cols, tiled");
   m.def("rms_norm", &native_rms_norm, "x * rsqrt(mean(x^2) + eps) * w over rows x cols, tiled");
   m.def("matmul", &native_matmul, "C = A @ B, blocked over single-threaded sgemm_");
-  m.def("attention", &native_attention, "attention forward with online softmax over kv blocks");
+  m.def("attention", &native_attention,
+        "attention forward with online softmax over kv blocks (GQA, causal alignments, mask, scale): "
+        "(out, lse)");
 }

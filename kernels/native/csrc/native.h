@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
+#include <tuple>
 
 #include <unistd.h>
 
@@ -319,14 +321,21 @@ inline void store_from_float(T* dst, const float* src, int64_t count) {
 }
 
 // Row-major C[m, n] (ld ldc) = A[m, k] (ld lda) @ B[k, n] (ld ldb) + beta * C, via Fortran sgemm_.
-// `trans_b`: B is given as row-major [n, k] (ld ldb) and used transposed.
-inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const float* b, int ldb,
-                          bool trans_b, float beta, float* c, int ldc) {
+// `trans_a`: A is given as row-major [k, m] (ld lda) and used transposed; `trans_b`: B is given
+// as row-major [n, k] (ld ldb) and used transposed.
+inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, bool trans_a, const float* b,
+                          int ldb, bool trans_b, float beta, float* c, int ldc) {
   const float one = 1.0f;
   // Row-major C = A B  <=>  column-major C^T = B^T A^T.
   const char tb = trans_b ? 'T' : 'N';
-  const char ta = 'N';
+  const char ta = trans_a ? 'T' : 'N';
   sgemm_(&tb, &ta, &n, &m, &k, &one, b, &ldb, a, &lda, &beta, c, &ldc);
+}
+
+// The same with A row-major [m, k] (not transposed).
+inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const float* b, int ldb,
+                          bool trans_b, float beta, float* c, int ldc) {
+  gemm_rowmajor(m, n, k, a, lda, false, b, ldb, trans_b, beta, c, ldc);
 }
 
 }  // namespace tiletune
@@ -342,7 +351,12 @@ at::Tensor native_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
 at::Tensor native_matmul(const at::Tensor& a, const at::Tensor& b, int64_t tile_m,
                             int64_t tile_n, int64_t tile_k, int64_t block_dim, int64_t buffer_num,
                             int64_t pipeline_depth);
-at::Tensor native_attention(const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, bool causal, int64_t block_q,
-                               int64_t block_kv, int64_t block_dim, int64_t buffer_num,
-                               int64_t pipeline_depth);
+// q [batch, heads, seq_q, d], k and v [batch, kv_heads, seq_kv, d], an optional additive mask
+// broadcasting to [batch, heads, seq_q, seq_kv]; causal 0 none, 1 top-left, 2 bottom-right.
+// Returns (out [batch, heads, seq_q, d] in q's dtype, lse [batch, heads, seq_q] float32).
+std::tuple<at::Tensor, at::Tensor> native_attention(const at::Tensor& q, const at::Tensor& k,
+                                                    const at::Tensor& v,
+                                                    const std::optional<at::Tensor>& mask,
+                                                    int64_t causal, double scale, int64_t block_q,
+                                                    int64_t block_kv, int64_t block_dim,
+                                                    int64_t buffer_num, int64_t pipeline_depth);
