@@ -21,7 +21,9 @@
 
 namespace {
 
+using tiletune::MaskView;
 using tiletune::Pipeline;
+using tiletune::mask_strides;
 
 struct AttentionTiling {
   int64_t batch, heads, kv_heads, seq_q, seq_kv, d, bq, bkv;
@@ -40,16 +42,6 @@ struct AttentionTiling {
   // The flat (batch, kv head) of the flat (batch, head) `bh`.
   int64_t kv_index(int64_t bh) const {
     return (bh / heads) * kv_heads + (bh % heads) / (heads / kv_heads);
-  }
-};
-
-// The additive mask as strides over (batch, head, query, key); a broadcast dim has stride 0.
-template <class T>
-struct MaskView {
-  const T* data;  // null: no mask
-  int64_t batch, head, query, key;
-  const T* row(const AttentionTiling& g, int64_t bh, int64_t i) const {
-    return data + (bh / g.heads) * batch + (bh % g.heads) * head + i * query;
   }
 };
 
@@ -106,7 +98,7 @@ void add_mask(float* scores, int64_t rows, int64_t cols, const MaskView<T>& mask
   for (int64_t r = 0; r < rows; ++r) {
     float* s = scores + r * cols;
     const int64_t n = std::min(cols, valid(r));
-    const T* m = mask.row(g, bh, q0 + r) + kv0 * mask.key;
+    const T* m = mask.row(g.heads, bh, q0 + r) + kv0 * mask.key;
     if (mask.key == 1) {
 #pragma omp simd
       for (int64_t j = 0; j < n; ++j) s[j] += tiletune::to_float(m[j]);
@@ -147,7 +139,7 @@ void prefetch_step(const T* k, const T* v, const MaskView<T>& mask, const Attent
   tiletune::prefetch(v + offset, an * g.d * sizeof(T));
   if (mask.data != nullptr && mask.key == 1) {
     const int64_t q0 = qb * g.bq, rows = std::min(g.bq, g.seq_q - q0);
-    for (int64_t r = 0; r < rows; ++r) tiletune::prefetch(mask.row(g, bh, q0 + r) + a0, an * sizeof(T));
+    for (int64_t r = 0; r < rows; ++r) tiletune::prefetch(mask.row(g.heads, bh, q0 + r) + a0, an * sizeof(T));
   }
 }
 
@@ -236,23 +228,6 @@ void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   TORCH_CHECK(q.size(3) >= 1, "head_dim must be >= 1");
   TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "heads (", q.size(1),
               ") must be a multiple of kv_heads (", k.size(1), ")");
-}
-
-// The mask's strides (a size-1 dim broadcasts: stride 0), after checking its dtype and shape.
-std::array<int64_t, 4> mask_strides(const at::Tensor& mask, const at::Tensor& q, int64_t seq_kv) {
-  TORCH_CHECK(mask.device().is_cpu(), "mask: native kernels run on CPU tensors, got ", mask.device());
-  TORCH_CHECK(mask.scalar_type() == q.scalar_type(), "mask must have q's dtype ", q.scalar_type(),
-              " (an additive mask), got ", mask.scalar_type());
-  TORCH_CHECK(mask.dim() == 4, "mask must be 4-D [batch or 1, heads or 1, seq_q, seq_kv], got ",
-              mask.dim(), " dims");
-  const int64_t want[4] = {q.size(0), q.size(1), q.size(2), seq_kv};
-  std::array<int64_t, 4> strides{};
-  for (int64_t i = 0; i < 4; ++i) {
-    TORCH_CHECK(mask.size(i) == want[i] || mask.size(i) == 1, "mask has size ", mask.sizes(),
-                ", which does not broadcast to [batch, heads, seq_q, seq_kv] = ", at::IntArrayRef(want));
-    strides[i] = mask.size(i) == 1 ? 0 : mask.stride(i);
-  }
-  return strides;
 }
 
 }  // namespace

@@ -12,4 +12,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("attention", &native_attention,
         "attention forward with online softmax over kv blocks (GQA, causal alignments, mask, scale): "
         "(out, lse)");
+  m.def("attention_backward", &native_attention_backward,
+        "attention backward from the saved lse (dk/dv pass over kv blocks, then dq pass): (dq, dk, dv)");
 }

@@ -25,6 +25,7 @@
 #include <c10/util/Half.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -338,6 +339,34 @@ inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const fl
   gemm_rowmajor(m, n, k, a, lda, false, b, ldb, trans_b, beta, c, ldc);
 }
 
+// An additive attention mask over (batch, head, query, key), read through its strides; a broadcast
+// dim has stride 0. `row(heads, bh, i)`: query i's row of the flat (batch, head) `bh`.
+template <class T>
+struct MaskView {
+  const T* data;  // null: no mask
+  int64_t batch, head, query, key;
+  const T* row(int64_t heads, int64_t bh, int64_t i) const {
+    return data + (bh / heads) * batch + (bh % heads) * head + i * query;
+  }
+};
+
+// The mask's strides (a size-1 dim broadcasts: stride 0), after checking its dtype and shape.
+inline std::array<int64_t, 4> mask_strides(const at::Tensor& mask, const at::Tensor& q, int64_t seq_kv) {
+  TORCH_CHECK(mask.device().is_cpu(), "mask: native kernels run on CPU tensors, got ", mask.device());
+  TORCH_CHECK(mask.scalar_type() == q.scalar_type(), "mask must have q's dtype ", q.scalar_type(),
+              " (an additive mask), got ", mask.scalar_type());
+  TORCH_CHECK(mask.dim() == 4, "mask must be 4-D [batch or 1, heads or 1, seq_q, seq_kv], got ",
+              mask.dim(), " dims");
+  const int64_t want[4] = {q.size(0), q.size(1), q.size(2), seq_kv};
+  std::array<int64_t, 4> strides{};
+  for (int64_t i = 0; i < 4; ++i) {
+    TORCH_CHECK(mask.size(i) == want[i] || mask.size(i) == 1, "mask has size ", mask.sizes(),
+                ", which does not broadcast to [batch, heads, seq_q, seq_kv] = ", at::IntArrayRef(want));
+    strides[i] = mask.size(i) == 1 ? 0 : mask.stride(i);
+  }
+  return strides;
+}
+
 }  // namespace tiletune
 
 // Kernels, defined in their own translation units and bound in module.cpp.
@@ -360,3 +389,10 @@ std::tuple<at::Tensor, at::Tensor> native_attention(const at::Tensor& q, const a
                                                     int64_t causal, double scale, int64_t block_q,
                                                     int64_t block_kv, int64_t block_dim,
                                                     int64_t buffer_num, int64_t pipeline_depth);
+// The gradients (dq, dk, dv) of native_attention's out for grad_out alone, from its inputs, out
+// and lse (the probabilities recomputed, FlashAttention-2 style); in the inputs' dtypes.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> native_attention_backward(
+    const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+    const std::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse,
+    const at::Tensor& grad_out, int64_t causal, double scale, int64_t block_q, int64_t block_kv,
+    int64_t block_dim);
