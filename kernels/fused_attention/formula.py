@@ -11,6 +11,8 @@ output 0 and log-sum-exp ``-inf`` (never NaN).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from tiletune.kernels.fused_attention.declaration import CAUSAL_BOTTOM_RIGHT, NO_CAUSAL
@@ -77,3 +79,18 @@ def attention(
     lse = torch.logsumexp(s, dim=-1)
     out = probabilities(s, lse) @ widened(grouped(v, q.shape[1]))
     return out, lse
+
+
+@dataclass(frozen=True)
+class AttentionSaved:
+    """What the attention operator saves for its backward: its inputs, output and log-sum-exp,
+    and its ``causal`` and ``scale`` arguments."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    mask: torch.Tensor | None
+    out: torch.Tensor
+    lse: torch.Tensor
+    causal: int
+    scale: float | None

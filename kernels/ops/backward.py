@@ -9,11 +9,10 @@ the forward's log-sum-exp; the others are plain torch code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.rms_norm.portable import EPS
 from tiletune.kernels.spec import widened
 
@@ -45,21 +44,6 @@ def matmul_backward(
     place (their keys say so: ``b_transposed``, ``a_transposed``)."""
     matmul = torch.ops.tiletune.matmul
     return matmul(grad, b.t()), matmul(a.t(), grad)
-
-
-@dataclass(frozen=True)
-class AttentionSaved:
-    """What the attention operator saves for its backward: its inputs, output and log-sum-exp,
-    and its ``causal`` and ``scale`` arguments."""
-
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    mask: torch.Tensor | None
-    out: torch.Tensor
-    lse: torch.Tensor
-    causal: int
-    scale: float | None
 
 
 def attention_backward(

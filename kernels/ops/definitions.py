@@ -13,8 +13,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.ops import backward
-from tiletune.kernels.ops.dispatch import run_attention, run_kernel
+from tiletune.kernels.ops.dispatch import run_attention, run_attention_backward, run_kernel
 
 NAMESPACE = "tiletune"
 
@@ -149,11 +150,50 @@ def _fused_attention_backward(
     ctx: Any, grad: Tensor, grad_lse: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     q, k, v, mask, out, lse = ctx.saved_tensors
-    saved = backward.AttentionSaved(q, k, v, mask, out, lse, ctx.causal, ctx.scale)
-    dq, dk, dv, dmask = backward.attention_backward(
-        saved, grad, grad_lse, mask_grad=mask is not None and ctx.needs_input_grad[3]
+    if mask is not None and ctx.needs_input_grad[3]:  # a mask that learns: the formula gives its gradient
+        saved = AttentionSaved(q, k, v, mask, out, lse, ctx.causal, ctx.scale)
+        return backward.attention_backward(saved, grad, grad_lse, mask_grad=True)
+    dq, dk, dv = fused_attention_backward(
+        q, k, v, mask, out, lse, grad, grad_lse, causal=ctx.causal, scale=ctx.scale
     )
-    return dq, dk, dv, dmask
+    return dq, dk, dv, None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::fused_attention_backward", mutates_args=())
+def fused_attention_backward(  # noqa: PLR0917  (an operator's schema: the saved tensors in order)
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    grad_lse: Tensor | None,
+    *,
+    causal: int = 0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(dq, dk, dv)`` of ``fused_attention`` from what it saved (its inputs, ``out`` and ``lse``) and
+    the gradients of ``out`` and ``lse``: an operator of its own, so that a compiled backward calls
+    it as one node (the CPU's native FlashAttention-2 backward; elsewhere the PyTorch formula)."""
+    return run_attention_backward(AttentionSaved(q, k, v, mask, out, lse, causal, scale), grad, grad_lse)
+
+
+@fused_attention_backward.register_fake
+def _fused_attention_backward_fake(  # noqa: PLR0917  (the operator's schema)
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    out: Tensor,
+    lse: Tensor,
+    grad: Tensor,
+    grad_lse: Tensor | None,
+    *,
+    causal: int = 0,
+    scale: float | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 fused_attention.register_autograd(_fused_attention_backward, setup_context=_fused_attention_setup)

@@ -21,9 +21,12 @@ from collections.abc import Sequence
 import torch
 
 from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention.formula import AttentionSaved
+from tiletune.kernels.fused_attention.native import NativeFusedAttentionSpec
 from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
 from tiletune.kernels.launcher import select_config
-from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.native.spec import native_twin, preferred_backend
+from tiletune.kernels.ops.backward import attention_backward
 from tiletune.kernels.ops.source import current_source
 from tiletune.kernels.registry import all_kernels, get_kernel
 from tiletune.kernels.spec import KernelSpec
@@ -92,3 +95,19 @@ def run_attention(
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, causal=causal)
     out, lse = spec.attend(inputs, selection.config, selection.shape, backend, scale)
     return out.contiguous(), lse.contiguous()
+
+
+def run_attention_backward(
+    saved: AttentionSaved, grad: torch.Tensor, grad_lse: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The attention's ``(dq, dk, dv)``: on a CPU where the native extension is built, its
+    FlashAttention-2 backward (float32, float16, bfloat16); elsewhere, and for float64, the PyTorch
+    formula (:func:`~tiletune.kernels.ops.backward.attention_backward`). Contiguous results."""
+    native = native_twin("fused_attention")
+    on_native = saved.q.dtype != torch.float64 and native.supports(saved.q.device.type)
+    if on_native and isinstance(native, NativeFusedAttentionSpec):
+        tensors = (saved.q, saved.k, saved.v) + (() if saved.mask is None else (saved.mask,))
+        shape = native.shape_of(tensors) | {"causal": saved.causal}
+        return native.gradients(saved, grad.to(saved.out.dtype), grad_lse, shape)
+    dq, dk, dv, _ = attention_backward(saved, grad, grad_lse, mask_grad=False)
+    return dq.contiguous(), dk.contiguous(), dv.contiguous()

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from tiletune.kernels.declaration import Config, Shape
+from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.fused_attention.native import SPEC
 from tiletune.kernels.native.build import native_module, native_status
-from tiletune.kernels.ops.backward import AttentionSaved, attention_backward
+from tiletune.kernels.ops.backward import attention_backward
 
 NO_CAUSAL, TOP_LEFT, BOTTOM_RIGHT = 0, 1, 2
 #: (seq_q, seq_kv): square, fewer queries than keys, more queries than keys.
@@ -65,7 +66,7 @@ def shape_of(q: torch.Tensor, k: torch.Tensor, causal: int, mask: bool) -> Shape
 
 
 def native_backward(
-    saved: AttentionSaved, grad: torch.Tensor, config: Config
+    saved: AttentionSaved, grad: torch.Tensor, config: Config, grad_lse: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The extension's ``attention_backward`` on what the forward saved."""
     scale = saved.q.shape[-1] ** -0.5 if saved.scale is None else saved.scale
@@ -77,6 +78,7 @@ def native_backward(
         saved.out,
         saved.lse,
         grad,
+        grad_lse,
         saved.causal,
         scale,
         config["block_q"],
@@ -102,12 +104,14 @@ def check(
     causal: int,
     config: Config = CONFIG,
     scale: float | None = None,
+    *,
+    grad_lse: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Run both backwards on the native forward's saved tensors and compare dq, dk and dv;
     returns the native ones."""
     saved = forward(inputs, causal, config, scale)
-    got = native_backward(saved, grad, config)
-    want = attention_backward(saved, grad, None, mask_grad=False)[:3]
+    got = native_backward(saved, grad, config, grad_lse)
+    want = attention_backward(saved, grad, grad_lse, mask_grad=False)[:3]
     atol, rtol = TOLERANCE[saved.q.dtype]
     for name, value, expected, like in zip(
         ("dq", "dk", "dv"), got, want, (saved.q, saved.k, saved.v), strict=True
@@ -170,10 +174,18 @@ def test_inconsistent_tensors_are_rejected() -> None:
     saved = forward((q, k, v), NO_CAUSAL, CONFIG, None)
     backward = native_module().attention_backward
     with pytest.raises(RuntimeError, match="lse must be float32"):
-        backward(q, k, v, None, saved.out, saved.lse.double(), grad, 0, 0.5, 4, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse.double(), grad, None, 0, 0.5, 4, 4, 1)
     with pytest.raises(RuntimeError, match="grad_out must have q's size"):
-        backward(q, k, v, None, saved.out, saved.lse, grad[:, :, :4].contiguous(), 0, 0.5, 4, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse, grad[:, :, :4].contiguous(), None, 0, 0.5, 4, 4, 1)
     with pytest.raises(RuntimeError, match="causal must be 0"):
-        backward(q, k, v, None, saved.out, saved.lse, grad, 3, 0.5, 4, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse, grad, None, 3, 0.5, 4, 4, 1)
     with pytest.raises(RuntimeError, match="blocks must be >= 1"):
-        backward(q, k, v, None, saved.out, saved.lse, grad, 0, 0.5, 0, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse, grad, None, 0, 0.5, 0, 4, 1)
+
+
+@pytest.mark.parametrize("causal", [NO_CAUSAL, BOTTOM_RIGHT])
+def test_a_gradient_of_the_log_sum_exp_joins_the_output_s(causal: int) -> None:
+    """``dS = P (dP - D + g_lse)``: the log-sum-exp's own gradient, as the PyTorch backward takes it."""
+    *inputs, grad = make_inputs((2, 4, 2, 33, 47, 16), torch.float32)
+    grad_lse = torch.randn(2, 4, 33, generator=torch.Generator().manual_seed(9))
+    check(tuple(inputs), grad, causal, grad_lse=grad_lse)

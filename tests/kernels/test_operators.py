@@ -502,3 +502,14 @@ def test_autocast_runs_matmul_and_attention_in_its_dtype_and_the_others_as_given
     )
     (product.float().sum() + attention.float().sum() + normed.sum()).backward()
     assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in (x, w, m, q))
+
+
+@pytest.mark.parametrize("causal", [0, 2], ids=["full", "bottom-right"])
+def test_opcheck_passes_for_the_attention_backward_operator(causal: int) -> None:
+    """``fused_attention_backward``, the node a compiled backward calls: schema, fake, dispatch."""
+    sizes = ((1, 4, 24, 16), (1, 2, 40, 16), (1, 2, 40, 16), (1, 1, 24, 40))
+    q, k, v, mask = random_tensors(sizes, torch.float32, seed=11)
+    out, lse = OPS.fused_attention(q, k, v, mask, causal=causal)
+    grad, grad_lse = torch.randn_like(out), torch.randn_like(lse)
+    args = (q, k, v, mask, out, lse, grad, grad_lse)
+    torch.library.opcheck(OPS.fused_attention_backward, args, {"causal": causal, "scale": 0.3})

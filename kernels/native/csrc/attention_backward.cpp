@@ -236,8 +236,8 @@ void check_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const std::optional<at::Tensor>& mask,
-    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out, int64_t causal, double scale,
-    int64_t block_q, int64_t block_kv, int64_t block_dim) {
+    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse,
+    int64_t causal, double scale, int64_t block_q, int64_t block_kv, int64_t block_dim) {
   check_tensors(q, k, v, out, lse, grad_out);
   TORCH_CHECK(causal >= 0 && causal <= 2, "causal must be 0 (none), 1 (top-left) or 2 (bottom-right), got ",
               causal);
@@ -263,6 +263,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> native_attention_backward(
                            strides[3]}};
     row_deltas(in.grad_out, out.data_ptr<scalar_t>(), delta.data_ptr<float>(), g.batch * g.heads * g.seq_q, g.d,
                block_dim);
+    if (grad_lse.has_value() && grad_lse->defined()) {  // dS = P (dP - D + g_lse): fold g_lse into D
+      TORCH_CHECK(grad_lse->sizes() == delta.sizes(), "grad_lse must be [batch, heads, seq_q] = ", delta.sizes(),
+                  ", got ", grad_lse->sizes());
+      delta.sub_(grad_lse->to(at::kFloat));
+    }
     scalar_t* pdk = dk.data_ptr<scalar_t>();
     scalar_t* pdv = dv.data_ptr<scalar_t>();
     scalar_t* pdq = dq.data_ptr<scalar_t>();

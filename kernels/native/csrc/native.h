@@ -394,5 +394,5 @@ std::tuple<at::Tensor, at::Tensor> native_attention(const at::Tensor& q, const a
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse,
-    const at::Tensor& grad_out, int64_t causal, double scale, int64_t block_q, int64_t block_kv,
-    int64_t block_dim);
+    const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse, int64_t causal, double scale,
+    int64_t block_q, int64_t block_kv, int64_t block_dim);
