@@ -215,20 +215,6 @@ void attention_core(const T* q, const T* k, const T* v, const MaskView<T>& mask,
   }
 }
 
-void check_qkv(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
-    tiletune::check_input(*t, name);
-    TORCH_CHECK(t->dim() == 4, name, " must be 4-D [batch, heads, seq, head_dim], got ", t->dim(), " dims");
-    TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, " must have q's dtype ", q.scalar_type(),
-                ", got ", t->scalar_type());
-  }
-  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same size, got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0), "q and k differ in batch: ", q.size(0), " and ", k.size(0));
-  TORCH_CHECK(q.size(3) == k.size(3), "q and k differ in head_dim: ", q.size(3), " and ", k.size(3));
-  TORCH_CHECK(q.size(3) >= 1, "head_dim must be >= 1");
-  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "heads (", q.size(1),
-              ") must be a multiple of kv_heads (", k.size(1), ")");
-}
 
 }  // namespace
 
@@ -236,7 +222,7 @@ std::tuple<at::Tensor, at::Tensor> native_attention(const at::Tensor& q, const a
                                                     const std::optional<at::Tensor>& mask, int64_t causal,
                                                     double scale, int64_t block_q, int64_t block_kv,
                                                     int64_t block_dim, int64_t buffer_num, int64_t pipeline_depth) {
-  check_qkv(q, k, v);
+  tiletune::check_attention_inputs(q, k, v);
   TORCH_CHECK(causal >= 0 && causal <= 2, "causal must be 0 (none), 1 (top-left) or 2 (bottom-right), got ",
               causal);
   TORCH_CHECK(std::isfinite(scale), "scale must be finite, got ", scale);

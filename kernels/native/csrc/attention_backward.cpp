@@ -212,18 +212,12 @@ void row_deltas(const T* grad_out, const T* out, float* delta, int64_t rows, int
 
 void check_tensors(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
                    const at::Tensor& lse, const at::Tensor& grad_out) {
-  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}, {&grad_out, "grad_out"}}) {
+  tiletune::check_attention_inputs(q, k, v);
+  for (auto [t, name] : {std::pair{&out, "out"}, {&grad_out, "grad_out"}}) {
     tiletune::check_input(*t, name);
-    TORCH_CHECK(t->dim() == 4, name, " must be 4-D [batch, heads, seq, head_dim], got ", t->dim(), " dims");
     TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, " must have q's dtype ", q.scalar_type(), ", got ",
                 t->scalar_type());
   }
-  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same size, got ", k.sizes(), " and ", v.sizes());
-  TORCH_CHECK(q.size(0) == k.size(0), "q and k differ in batch: ", q.size(0), " and ", k.size(0));
-  TORCH_CHECK(q.size(3) == k.size(3), "q and k differ in head_dim: ", q.size(3), " and ", k.size(3));
-  TORCH_CHECK(q.size(3) >= 1, "head_dim must be >= 1");
-  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "heads (", q.size(1),
-              ") must be a multiple of kv_heads (", k.size(1), ")");
   TORCH_CHECK(out.sizes() == q.sizes(), "out must have q's size ", q.sizes(), ", got ", out.sizes());
   TORCH_CHECK(grad_out.sizes() == q.sizes(), "grad_out must have q's size ", q.sizes(), ", got ", grad_out.sizes());
   tiletune::check_input(lse, "lse");

@@ -339,6 +339,23 @@ inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const fl
   gemm_rowmajor(m, n, k, a, lda, false, b, ldb, trans_b, beta, c, ldc);
 }
 
+// q [batch, heads, seq_q, d], k and v [batch, kv_heads, seq_kv, d]: CPU, one dtype, 4-D, kv_heads
+// dividing heads (grouped-query attention); what the attention's forward and backward check first.
+inline void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}}) {
+    check_input(*t, name);
+    TORCH_CHECK(t->dim() == 4, name, " must be 4-D [batch, heads, seq, head_dim], got ", t->dim(), " dims");
+    TORCH_CHECK(t->scalar_type() == q.scalar_type(), name, " must have q's dtype ", q.scalar_type(),
+                ", got ", t->scalar_type());
+  }
+  TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same size, got ", k.sizes(), " and ", v.sizes());
+  TORCH_CHECK(q.size(0) == k.size(0), "q and k differ in batch: ", q.size(0), " and ", k.size(0));
+  TORCH_CHECK(q.size(3) == k.size(3), "q and k differ in head_dim: ", q.size(3), " and ", k.size(3));
+  TORCH_CHECK(q.size(3) >= 1, "head_dim must be >= 1");
+  TORCH_CHECK(k.size(1) >= 1 && q.size(1) % k.size(1) == 0, "heads (", q.size(1),
+              ") must be a multiple of kv_heads (", k.size(1), ")");
+}
+
 // An additive attention mask over (batch, head, query, key), read through its strides; a broadcast
 // dim has stride 0. `row(heads, bh, i)`: query i's row of the flat (batch, head) `bh`.
 template <class T>
