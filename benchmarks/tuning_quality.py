@@ -12,7 +12,9 @@ For a fixed set of shapes per kernel:
 Prints one JSON document: per key the medians and spreads, speedup over the
 default, tuned / exhaustive, tuned vs the vendor op (GFLOP/s for compute-bound
 kernels, GB/s for memory-bound ones), the fraction of the space measured and
-the tuning wall time; then a summary against the goals. ``--quick`` runs a
+the tuning wall time; then a summary against the goals. The backward kernels
+(``*_backward``) are compared with torch's own backward of the forward's op (the
+gradient of ``scaled_dot_product_attention``, of ``F.rms_norm``, of ``softmax``). ``--quick`` runs a
 smaller shape set in under 10 minutes on 2 cores. Progress goes to stderr.
 """
 
@@ -39,7 +41,8 @@ from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_int
 from tiletune.tuner.measure.tune import TracePoint, TuneOptions, tune
 from tiletune.tuner.search.search import TpeOptions
 
-COMPUTE_BOUND = ("matmul", "fused_attention")
+COMPUTE_BOUND = ("matmul", "fused_attention", "fused_attention_backward")
+BACKWARD_ROWS = ("softmax_backward", "rms_norm_backward")
 TUNE_FRACTION = 0.15
 
 QUICK_SHAPES: dict[str, list[Shape]] = {
@@ -50,6 +53,12 @@ QUICK_SHAPES: dict[str, list[Shape]] = {
     "fused_attention": [
         {"batch": 1, "heads": 4, "seq_q": 256, "seq_kv": 256, "head_dim": 64, "causal": 0},
         {"batch": 1, "heads": 8, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64, "causal": 1},
+    ],
+    "softmax_backward": [{"rows": 256, "cols": 512}, {"rows": 2048, "cols": 1000}],
+    "rms_norm_backward": [{"rows": 256, "cols": 512}, {"rows": 2048, "cols": 1000}],
+    "fused_attention_backward": [
+        {"batch": 1, "heads": 4, "seq_q": 256, "seq_kv": 256, "head_dim": 64, "causal": 0},
+        {"batch": 1, "heads": 8, "kv_heads": 2, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 1},
     ],
 }
 FULL_SHAPES: dict[str, list[Shape]] = {
@@ -65,6 +74,12 @@ FULL_SHAPES: dict[str, list[Shape]] = {
         {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 0},
         {"batch": 1, "heads": 4, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64, "causal": 1},
         {"batch": 1, "heads": 4, "seq_q": 2048, "seq_kv": 2048, "head_dim": 64, "causal": 0},
+    ],
+    "softmax_backward": [{"rows": 4096, "cols": 4096}, {"rows": 2048, "cols": 1024}],
+    "rms_norm_backward": [{"rows": 4096, "cols": 4096}, {"rows": 2048, "cols": 1024}],
+    "fused_attention_backward": [
+        {"batch": 1, "heads": 4, "seq_q": 512, "seq_kv": 512, "head_dim": 64, "causal": 0},
+        {"batch": 1, "heads": 8, "kv_heads": 2, "seq_q": 1024, "seq_kv": 1024, "head_dim": 64, "causal": 1},
     ],
 }
 
@@ -193,7 +208,12 @@ def summarise(keys: list[dict[str, Any]]) -> dict[str, Any]:
     vs_exhaustive = [k["tuned_over_exhaustive"] for k in keys]
     fractions = [k["measured_fraction"] for k in keys]
     attention = [k["tuned_over_vendor_time"] for k in keys if k["kernel"] == "fused_attention"]
-    memory = [1 / k["tuned_over_vendor_time"] for k in keys if k["kernel"] not in COMPUTE_BOUND]
+    forward_memory = [k for k in keys if k["kernel"] not in COMPUTE_BOUND + BACKWARD_ROWS]
+    memory = [1 / k["tuned_over_vendor_time"] for k in forward_memory]
+    attention_backward = [
+        k["tuned_over_vendor_time"] for k in keys if k["kernel"] == "fused_attention_backward"
+    ]
+    rows_backward = [1 / k["tuned_over_vendor_time"] for k in keys if k["kernel"] in BACKWARD_ROWS]
     matmul = [k["tuned_over_vendor_time"] for k in keys if k["kernel"] == "matmul"]
     within = [k["time_to_within_2pct_s"] for k in keys if k["time_to_within_2pct_s"] is not None]
     summary = {
@@ -208,6 +228,13 @@ def summarise(keys: list[dict[str, Any]]) -> dict[str, Any]:
         "median_attention_over_sdpa": statistics.median(attention) if attention else None,
         "median_matmul_over_torch": statistics.median(matmul) if matmul else None,
         "max_time_to_within_2pct_s": max(within) if within else None,
+        "median_attention_backward_over_torch": statistics.median(attention_backward)
+        if attention_backward
+        else None,
+        "median_rows_backward_throughput_vs_torch": statistics.median(rows_backward)
+        if rows_backward
+        else None,
+        "worst_rows_backward_throughput_vs_torch": min(rows_backward) if rows_backward else None,
     }
     summary["goals"] = {
         "median_speedup_ge_1.5": summary["median_speedup_vs_default"] >= 1.5,
@@ -218,6 +245,9 @@ def summarise(keys: list[dict[str, Any]]) -> dict[str, Any]:
         "memory_bound_ge_0.9x_torch_median": bool(memory) and statistics.median(memory) >= 0.9,
         "matmul_within_1.1x_torch_median": bool(matmul) and statistics.median(matmul) <= 1.1,
         "within_2pct_in_60s": bool(within) and max(within) <= 60.0,
+        "attention_backward_within_1.0x_torch_median": bool(attention_backward)
+        and statistics.median(attention_backward) <= 1.0,
+        "rows_backward_ge_0.9x_torch_median": bool(rows_backward) and statistics.median(rows_backward) >= 0.9,
     }
     return summary
 

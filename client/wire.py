@@ -275,6 +275,9 @@ class SweepCreate(_Request):
     without improving its best (convergence). ``workers_per_job`` lets
     several workers of one chip share a job. ``force`` tunes keys again even
     when they are already tuned on the same chip, kernel version and software.
+    ``with_backward`` queues, beside each forward key, the keys its backward looks up
+    (``softmax`` → ``softmax_backward`` at the same shape; ``matmul`` → two matmul keys on the
+    transposed shapes; ``add`` has none): what a training workload needs tuned.
     """
 
     kernel: Identifier | None = None
@@ -297,6 +300,11 @@ class SweepCreate(_Request):
     workers_per_job: int = Field(default=1, ge=1, le=64, strict=True)
     validate_top: int = Field(default=3, ge=1, le=16, strict=True)
     force: bool = False
+    with_backward: bool = Field(
+        default=False,
+        description="also queue the keys each kernel's backward looks up (its backward kernel at the "
+        "same shape; matmul: the transposed matmuls), for training",
+    )
     name: Name | None = None
 
     @field_validator("shapes")

@@ -208,6 +208,10 @@ class KernelDeclaration(ABC):
     knobs: tuple[Knob, ...]
     implementations: tuple[str, ...] = (PORTABLE_BACKEND,)
     tolerances: Mapping[str, Tolerance] = DEFAULT_TOLERANCES
+    #: The kernel that computes this one's gradients, keyed by this one's shape (``softmax`` →
+    #: ``softmax_backward``); None where the backward needs no kernel of its own (``add``) or is
+    #: other kernels' calls (``matmul``: see :meth:`backward_keys`).
+    backward_kernel: str | None = None
 
     # -- shapes and configs -------------------------------------------------
 
@@ -305,6 +309,12 @@ class KernelDeclaration(ABC):
             if dim.name not in filled:
                 filled[dim.name] = self._dim_default(dim, filled)
         return ",".join(f"{d.name}={filled[d.name]}" for d in self.dims)
+
+    def backward_keys(self, shape: Shape) -> list[tuple[str, Shape]]:
+        """The ``(kernel, shape)`` keys the backward of a call of ``shape`` looks up: a sweep with
+        ``with_backward`` queues them beside the forward's. By default the :attr:`backward_kernel`
+        at the forward's shape (its keys carry the forward's dims), or none."""
+        return [] if self.backward_kernel is None else [(self.backward_kernel, dict(shape))]
 
     # -- constraints and space ----------------------------------------------
 

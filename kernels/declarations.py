@@ -36,7 +36,16 @@ SPACES_ENTRY_POINT_GROUP = "tiletune.spaces"
 KERNELS_ENTRY_POINT_GROUP = "tiletune.kernels"
 #: The built-in kernels, each a package of ``tiletune.kernels`` whose ``declaration`` module lists
 #: its declarations (``DECLARATIONS``: the portable kernel, its native and its Triton versions).
-BUILTIN_KERNELS = ("add", "softmax", "rms_norm", "matmul", "fused_attention")
+BUILTIN_KERNELS = (
+    "add",
+    "softmax",
+    "softmax_backward",
+    "rms_norm",
+    "rms_norm_backward",
+    "matmul",
+    "fused_attention",
+    "fused_attention_backward",
+)
 
 
 def as_declaration(obj: object, origin: str) -> KernelDeclaration:

@@ -244,7 +244,14 @@ def launch(
         )
     selection = select_config(spec, *tensors, client=client, dtype=dtype, **dims)
     backend = preferred_backend(selection.spec, _device_kind(tensors))  # CPUs: native where built
-    return selection.spec.run(tensors, selection.config, selection.shape, backend)
+    output = selection.spec.run(tensors, selection.config, selection.shape, backend)
+    if not isinstance(output, torch.Tensor):  # a backward kernel: its operator's autograd runs it
+        raise InputError(
+            "kernel",
+            f"{spec.name} returns {len(output)} tensors (a backward kernel's gradients); launch runs "
+            "kernels of one output: call the forward's operator and let autograd run its backward",
+        )
+    return output
 
 
 #: An operator: ``fused_attention`` returns ``(out, lse)``, the others one tensor.

@@ -55,6 +55,11 @@ def dtype_name(dtype: torch.dtype) -> str:
     raise DTypeError("dtype", f"tensors of {dtype} are not supported; use one of {', '.join(DTYPES)}")
 
 
+#: What a kernel's ``run`` and ``reference`` return: one tensor, or several (a backward kernel's
+#: gradients, in the order its declaration names them); a bench checks each against the reference's.
+KernelOutput = torch.Tensor | tuple[torch.Tensor, ...]
+
+
 def widened(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` in the dtype a reference computes in: float32, or float64 for float64 (which the
     operators take for gradient checks)."""
@@ -118,14 +123,16 @@ class KernelSpec(KernelDeclaration):
         """Deterministic random inputs for ``shape`` on ``device``."""
 
     @abstractmethod
-    def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """The correct result, computed the plain way (in float32 or better where it matters)."""
+    def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> KernelOutput:
+        """The correct result, computed the plain way (in float32 or better where it matters): one
+        tensor, or a tuple of them as ``run`` returns."""
 
     @abstractmethod
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
-    ) -> torch.Tensor:
-        """Run the kernel under ``config`` with the implementation ``backend``."""
+    ) -> KernelOutput:
+        """Run the kernel under ``config`` with the implementation ``backend``: one tensor, or a
+        tuple of them (a backward kernel's gradients)."""
 
     def backends(self) -> tuple[str, ...]:
         """The implementations ``run`` accepts here, of the declared ``implementations``

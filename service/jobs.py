@@ -65,6 +65,8 @@ def plan_sweep(
     dtypes = list(dict.fromkeys(request.dtypes))
     chips = list(dict.fromkeys(request.chips)) or [ANY_CHIP]
     parts = _parse_parts(request, dtypes, max_shape_bytes)
+    if request.with_backward:
+        parts = _with_backward_parts(parts, dtypes, max_shape_bytes)
     for spec, _ in parts:
         declared = spec.implementations
         if request.backend is not None and request.backend not in declared:
@@ -95,6 +97,25 @@ def _parse_parts(
             shapes.append(shape)
         parts.append((spec, list({spec.canonical_shape(s): s for s in shapes}.values())))
     return parts
+
+
+def _with_backward_parts(
+    parts: list[tuple[KernelDeclaration, list[Shape]]], dtypes: Sequence[str], max_shape_bytes: int
+) -> list[tuple[KernelDeclaration, list[Shape]]]:
+    """``parts`` followed by the keys their backwards look up (:meth:`KernelDeclaration.backward_keys`),
+    each kernel once, its shapes de-duplicated (a forward key already in the sweep is not repeated)."""
+    shapes: dict[str, dict[str, Shape]] = {
+        spec.name: {spec.canonical_shape(s): s for s in part} for spec, part in parts
+    }
+    specs = {spec.name: spec for spec, _ in parts}
+    for spec, part in parts:
+        for shape in part:
+            for name, raw in spec.backward_keys(shape):
+                backward = specs.setdefault(name, lookup_kernel(name, field="with_backward"))
+                key = parse_shape(backward, dict(raw), "with_backward")
+                check_bench_fits(backward, key, dtypes, max_shape_bytes, "with_backward")
+                shapes.setdefault(name, {})[backward.canonical_shape(key)] = key
+    return [(specs[name], list(keyed.values())) for name, keyed in shapes.items()]
 
 
 def check_bench_fits(

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tiletune.kernels.declarations import BUILTIN_KERNELS
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gelu_plugin"
 
 
@@ -101,7 +103,9 @@ def test_a_server_reads_the_plugins_declaration_without_torch(plugin_path: Path)
     )
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["GeluDeclaration", "{'tile_size':", "1024}", "16"]
+    # every built-in kernel declared thrice (portable, native, Triton), then the plugin's
+    declared = str(3 * len(BUILTIN_KERNELS) + 1)
+    assert result.stdout.split() == ["GeluDeclaration", "{'tile_size':", "1024}", declared]
 
 
 def test_a_plugin_declaring_only_a_spec_is_declared_by_its_spec(tmp_path: Path) -> None:

@@ -2,7 +2,8 @@
 
 - :func:`operator_shares`: one step under ``torch.profiler`` (CPU); per ``tiletune::<operator>``
   event, its calls, its self CPU time and its total CPU time (its own and the torch ops it ran),
-  each also as a share of the profile's CPU time (the sum of every event's self time).
+  each also as a share of the profile's CPU time (the sum of every event's self time); for a
+  training step, each operator's share per phase (forward, backward, optimizer).
 - :func:`lookup_cost`: how many config lookups (``source.get`` calls) one step makes, counted by
   a source that forwards to the real one, and what one call costs on the step's own keys (every
   key the step asked, each asked in turn, a hit once prefetched); their product against the step's
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from benchmarks.model.steps import Variant
+from benchmarks.model.steps import PHASE_PREFIX, Variant
 from tiletune.kernels.launcher import ConfigSource, TunedConfig, select_config
 from tiletune.kernels.registry import get_kernel
 
@@ -60,7 +61,28 @@ def operator_shares(variant: Variant, kind: str, tokens: torch.Tensor) -> dict[s
         "operators": operators,
         "self_share": sum(op["self_share"] for op in operators.values()),
         "total_share": sum(op["total_share"] for op in operators.values()),
+        "phases": _phase_shares(profiler.events(), cpu_us),
     }
+
+
+def _phase_shares(events: Any, cpu_us: float) -> dict[str, dict[str, float]]:
+    """Per phase of a training step (its :data:`PHASE_PREFIX` ranges: forward, backward, optimizer),
+    each operator's total CPU time there as a share of the profile's: ``matmul`` under ``backward``
+    is matmul's backward (its two transposed calls). Empty for an inference step (no phases)."""
+    phases = [
+        (event.name.removeprefix(PHASE_PREFIX), event.time_range)
+        for event in events
+        if event.name.startswith(PHASE_PREFIX)
+    ]
+    shares: dict[str, dict[str, float]] = {phase: {} for phase, _ in phases}
+    for event in events:
+        if not event.name.startswith(OPERATOR_PREFIX):
+            continue
+        name = event.name.removeprefix(OPERATOR_PREFIX)
+        for phase, span in phases:
+            if span.start <= event.time_range.start <= span.end:
+                shares[phase][name] = shares[phase].get(name, 0.0) + event.cpu_time_total / cpu_us
+    return shares
 
 
 class CountingSource:

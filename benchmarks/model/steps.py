@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.profiler import record_function
 
 import tiletune.nn
 from benchmarks.model.decoder import next_token_loss
@@ -33,6 +34,8 @@ from tiletune.kernels.ops import using_source
 
 #: The step kinds, in the document's order.
 STEPS = ("inference", "training")
+#: The profiler ranges of a training step's phases are named this prefix and the phase.
+PHASE_PREFIX = "model_step::"
 
 
 @dataclass
@@ -62,12 +65,16 @@ class Variant:
             self.runner(tokens)
 
     def training(self, tokens: Tensor) -> None:
-        """One training step: forward, loss, backward, AdamW."""
+        """One training step: forward, loss, backward, AdamW; each phase a profiler range
+        (:data:`PHASE_PREFIX` + ``forward``, ``backward``, ``optimizer``), free when not profiling."""
         with self.scope():
-            loss = next_token_loss(self.runner(tokens), tokens)
-            torch.autograd.backward(loss)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            with record_function(PHASE_PREFIX + "forward"):
+                loss = next_token_loss(self.runner(tokens), tokens)
+            with record_function(PHASE_PREFIX + "backward"):
+                torch.autograd.backward(loss)
+            with record_function(PHASE_PREFIX + "optimizer"):
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
 
     def step(self, kind: str, tokens: Tensor) -> None:
         """The ``kind`` step (``inference`` or ``training``)."""

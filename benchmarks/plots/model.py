@@ -71,8 +71,9 @@ def _profile(axis: Axes, document: dict[str, Any]) -> None:
     axis.grid(True, axis="x", alpha=0.3)
 
 
-def _goals_line(document: dict[str, Any]) -> str:
-    """The goals as measured, one phrase each."""
+def _goals_line(document: dict[str, Any], prefix: str = "") -> str:
+    """The goals as measured, one phrase each: the inference goals, or with ``prefix``
+    ``training_`` the training goals (a document from before them: none)."""
     goals = document["goals"]
     parts = []
     for name, text in (
@@ -81,7 +82,9 @@ def _goals_line(document: dict[str, Any]) -> str:
         ("e_over_b", "e/b ≤ 1.0"),
         ("lookups_share", "lookups ≤ 1 %"),
     ):
-        goal = goals[name]
+        goal = goals.get(prefix + name)
+        if goal is None:
+            continue
         shown = "{:.3%}" if name == "lookups_share" else "{:.2f}"
         values = ", ".join(
             shown.format(value) if value is not None else "–" for value in goal["values"].values()
@@ -106,6 +109,7 @@ def plot_model_step(document: dict[str, Any]) -> Figure:
         f"heads, batch {model['batch']}) on {document['machine']['cpu_count']} shared CPU cores; "
         f"(d) tuned by {tuning['path']} ({tuning['jobs']} jobs × {tuning['trials_per_job']} trials)\n"
         f"inference goals, per sequence: {_goals_line(document)}\n"
+        f"training goals: {_goals_line(document, 'training_') or 'not measured'}\n"
         f"medians of {document['repeats']} round-robin rounds, whiskers p10–p90",
         fontsize=9,
     )

@@ -101,6 +101,7 @@ class FusedAttentionDeclaration(KernelDeclaration):
     """Tiled attention forward with online softmax over kv blocks."""
 
     name = "fused_attention"
+    backward_kernel = "fused_attention_backward"
     version = 2
     description = "attention forward, FlashAttention-2 style: q blocks x kv blocks with online softmax"
     dims = (
@@ -211,6 +212,7 @@ class NativeFusedAttentionDeclaration(NativeDeclaration, FusedAttentionDeclarati
     ``block_dim`` cores (``kernels/native/csrc/attention.cpp``)."""
 
     name = "native_fused_attention"
+    backward_kernel = "native_fused_attention_backward"
     version = 2
     description = "attention forward, native CPU: (batch, head, q block) tiles over block_dim cores"
     portable = FusedAttentionDeclaration
@@ -226,6 +228,7 @@ class TritonFusedAttentionDeclaration(TritonDeclaration, FusedAttentionDeclarati
     ``kernels/fused_attention/triton.py``)."""
 
     name = "triton_fused_attention"
+    backward_kernel = "triton_fused_attention_backward"
     version = 2
     description = "fused_attention in Triton: FlashAttention-2 forward, q block per program, kv loop"
     knobs = (

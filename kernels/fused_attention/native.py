@@ -25,14 +25,10 @@ from types import ModuleType
 import torch
 
 from tiletune.kernels.declaration import Config, Shape
-from tiletune.kernels.device import cpu_chip
-from tiletune.kernels.fused_attention import formula
 from tiletune.kernels.fused_attention.declaration import NativeFusedAttentionDeclaration
-from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import NativeSpec
-from tiletune.kernels.spec import dtype_name
 
 
 class NativeFusedAttentionSpec(NativeFusedAttentionDeclaration, NativeSpec, FusedAttentionSpec):
@@ -102,35 +98,6 @@ class NativeFusedAttentionSpec(NativeFusedAttentionDeclaration, NativeSpec, Fuse
             config["block_dim"],
             config["buffer_num"],
             config["pipeline_depth"],
-        )
-        return result
-
-    def gradients(
-        self, saved: AttentionSaved, grad: torch.Tensor, grad_lse: torch.Tensor | None, shape: Shape
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(dq, dk, dv)`` by the extension's ``attention_backward`` (FlashAttention-2: a dk/dv pass
-        over kv blocks, a dq pass over q blocks, P recomputed from the log-sum-exp), for what the
-        forward ``saved`` and the gradients of its ``out`` and ``lse``.
-
-        Its blocks and cores are this kernel's default rule for the forward's ``shape``, until the
-        backward has a tuned key of its own.
-        """
-        q = saved.q
-        config = self.default_config(shape, dtype_name(q.dtype), cpu_chip().limits)
-        module, config = self.prepare([q, saved.k, saved.v], config, shape, NATIVE_BACKEND)
-        contiguous = (t.contiguous() for t in (q, saved.k, saved.v))
-        result: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = module.attention_backward(
-            *contiguous,
-            saved.mask,
-            saved.out.contiguous(),
-            saved.lse.contiguous(),
-            grad.contiguous(),
-            grad_lse,
-            int(shape["causal"]),
-            formula.scale_of(shape["head_dim"], saved.scale),
-            config["block_q"],
-            config["block_kv"],
-            config["block_dim"],
         )
         return result
 

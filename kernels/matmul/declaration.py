@@ -102,6 +102,16 @@ class MatmulDeclaration(KernelDeclaration):
         }
         return {**tiles, "buffer_num": rule.buffer_num, "pipeline_depth": rule.pipeline_depth}
 
+    def backward_keys(self, shape: Shape) -> list[tuple[str, Shape]]:
+        """Two calls of this kernel, on the transposes read in place: ``da = g @ b^T`` (``m x k`` over
+        ``n``; ``b^T`` is a transposed view unless ``b`` already was one) and ``db = a^T @ g`` (``k x n``
+        over ``m``), ``g`` the output's contiguous gradient."""
+        m, n, k = shape["m"], shape["n"], shape["k"]
+        a_t, b_t = shape.get("a_transposed", 0), shape.get("b_transposed", 0)
+        da = {"m": m, "n": k, "k": n, "a_transposed": 0, "b_transposed": 1 - b_t}
+        db = {"m": k, "n": n, "k": m, "a_transposed": 1 - a_t, "b_transposed": 0}
+        return [(self.name, da), (self.name, db)]
+
     def flops(self, shape: Shape) -> float:
         """A multiply and an add per (m, n, k) triple."""
         return 2.0 * shape["m"] * shape["n"] * shape["k"]

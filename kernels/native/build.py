@@ -35,7 +35,16 @@ from tiletune.kernels.errors import DeviceUnavailableError
 
 CACHE_ENV = "TILETUNE_NATIVE_DIR"
 SOURCE_DIR = Path(__file__).resolve().parent / "csrc"
-SOURCES = ("module.cpp", "add.cpp", "rows.cpp", "matmul.cpp", "attention.cpp", "attention_backward.cpp")
+SOURCES = (
+    "module.cpp",
+    "add.cpp",
+    "rows.cpp",
+    "matmul.cpp",
+    "attention.cpp",
+    "attention_backward.cpp",
+    "softmax_backward.cpp",
+    "rms_norm_backward.cpp",
+)
 HEADERS = ("native.h",)
 #: ``-fopenmp``: ATen's ``at::parallel_for`` is an inline ``#pragma omp parallel``; at run time the
 #: extension shares torch's own libgomp (already loaded, same soname), so one thread pool serves all.

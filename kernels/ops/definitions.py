@@ -3,7 +3,8 @@
 The implementation is :func:`~tiletune.kernels.ops.dispatch.run_kernel` (the device's kernel under
 the current source's config); the fake gives the output's size and dtype from the inputs' (what
 ``torch.compile`` and meta tensors need: outputs are contiguous, whatever the inputs' strides); the
-backward is :mod:`~tiletune.kernels.ops.backward`.
+backward is the backward operators of :mod:`~tiletune.kernels.ops.gradients` (tuned backward
+kernels), and for ``matmul`` two ``matmul`` calls (each its own tuned key).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import torch
 from torch import Tensor
 
 from tiletune.kernels.fused_attention.formula import AttentionSaved
-from tiletune.kernels.ops import backward
-from tiletune.kernels.ops.dispatch import run_attention, run_attention_backward, run_kernel
-
-NAMESPACE = "tiletune"
+from tiletune.kernels.fused_attention_backward.formula import attention_backward
+from tiletune.kernels.ops.dispatch import run_attention, run_tensor_kernel
+from tiletune.kernels.ops.gradients import (
+    NAMESPACE,
+    fused_attention_backward,
+    rms_norm_backward,
+    softmax_backward,
+)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::add", mutates_args=())
 def add(a: Tensor, b: Tensor) -> Tensor:
     """``a + b``: tensors of one size and dtype."""
-    return run_kernel("add", (a, b))
+    return run_tensor_kernel("add", (a, b))
 
 
 @add.register_fake
@@ -41,7 +46,7 @@ add.register_autograd(_add_backward)
 @torch.library.custom_op(f"{NAMESPACE}::softmax", mutates_args=())
 def softmax(x: Tensor) -> Tensor:
     """Softmax over the last dim."""
-    return run_kernel("softmax", (x,))
+    return run_tensor_kernel("softmax", (x,))
 
 
 @softmax.register_fake
@@ -55,7 +60,8 @@ def _softmax_setup(ctx: Any, inputs: tuple[Tensor], output: Tensor) -> None:
 
 def _softmax_backward(ctx: Any, grad: Tensor) -> Tensor:
     (out,) = ctx.saved_tensors
-    return backward.softmax_backward(out, grad)
+    dx: Tensor = softmax_backward(out, grad)
+    return dx
 
 
 softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
@@ -64,7 +70,7 @@ softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 @torch.library.custom_op(f"{NAMESPACE}::rms_norm", mutates_args=())
 def rms_norm(x: Tensor, weight: Tensor) -> Tensor:
     """``x / sqrt(mean(x^2, -1) + 1e-6) * weight``, ``weight`` a vector of ``x``'s last dim."""
-    return run_kernel("rms_norm", (x, weight))
+    return run_tensor_kernel("rms_norm", (x, weight))
 
 
 @rms_norm.register_fake
@@ -78,7 +84,8 @@ def _rms_norm_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> 
 
 def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
     x, weight = ctx.saved_tensors
-    return backward.rms_norm_backward(x, weight, grad)
+    dx, dweight = rms_norm_backward(x, weight, grad)
+    return dx, dweight
 
 
 rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
@@ -87,7 +94,7 @@ rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)
 @torch.library.custom_op(f"{NAMESPACE}::matmul", mutates_args=())
 def matmul(a: Tensor, b: Tensor) -> Tensor:
     """``a [m, k] @ b [k, n]``."""
-    return run_kernel("matmul", (a, b))
+    return run_tensor_kernel("matmul", (a, b))
 
 
 @matmul.register_fake
@@ -100,8 +107,10 @@ def _matmul_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> No
 
 
 def _matmul_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+    """``da = g @ b^T`` and ``db = a^T @ g``, each by this operator (its own tuned key), the transposes
+    read in place (their keys say so: ``b_transposed``, ``a_transposed``)."""
     a, b = ctx.saved_tensors
-    return backward.matmul_backward(a, b, grad)
+    return matmul(grad, b.t()), matmul(a.t(), grad)
 
 
 matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)
@@ -152,48 +161,11 @@ def _fused_attention_backward(
     q, k, v, mask, out, lse = ctx.saved_tensors
     if mask is not None and ctx.needs_input_grad[3]:  # a mask that learns: the formula gives its gradient
         saved = AttentionSaved(q, k, v, mask, out, lse, ctx.causal, ctx.scale)
-        return backward.attention_backward(saved, grad, grad_lse, mask_grad=True)
+        return attention_backward(saved, grad, grad_lse, mask_grad=True)
     dq, dk, dv = fused_attention_backward(
         q, k, v, mask, out, lse, grad, grad_lse, causal=ctx.causal, scale=ctx.scale
     )
     return dq, dk, dv, None
-
-
-@torch.library.custom_op(f"{NAMESPACE}::fused_attention_backward", mutates_args=())
-def fused_attention_backward(  # noqa: PLR0917  (an operator's schema: the saved tensors in order)
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    out: Tensor,
-    lse: Tensor,
-    grad: Tensor,
-    grad_lse: Tensor | None,
-    *,
-    causal: int = 0,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """``(dq, dk, dv)`` of ``fused_attention`` from what it saved (its inputs, ``out`` and ``lse``) and
-    the gradients of ``out`` and ``lse``: an operator of its own, so that a compiled backward calls
-    it as one node (the CPU's native FlashAttention-2 backward; elsewhere the PyTorch formula)."""
-    return run_attention_backward(AttentionSaved(q, k, v, mask, out, lse, causal, scale), grad, grad_lse)
-
-
-@fused_attention_backward.register_fake
-def _fused_attention_backward_fake(  # noqa: PLR0917  (the operator's schema)
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None,
-    out: Tensor,
-    lse: Tensor,
-    grad: Tensor,
-    grad_lse: Tensor | None,
-    *,
-    causal: int = 0,
-    scale: float | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 fused_attention.register_autograd(_fused_attention_backward, setup_context=_fused_attention_setup)

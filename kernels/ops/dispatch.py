@@ -3,7 +3,9 @@ the current source gives for the call's shape.
 
 - CPU: the portable kernel's spec, run by its ``native`` implementation where the extension is
   built here (else the tiled PyTorch pipeline); its key is the kernel's own name.
-- ``fused_attention`` gives ``(out, lse)`` (:func:`run_attention`): its spec's ``attend``.
+- ``fused_attention`` gives ``(out, lse)`` (:func:`run_attention`): its spec's ``attend``; its
+  backward kernel's ``gradients`` gives ``(dq, dk, dv)`` (:func:`run_attention_backward`).
+- A backward kernel (``rms_norm_backward``) may give several tensors: :func:`run_kernel` returns them all.
 - CUDA: the Triton kernel (``triton_<kernel>``, its own key) where triton runs, else the portable one.
 - Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
 - float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
@@ -22,14 +24,14 @@ import torch
 
 from tiletune.kernels.fused_attention import formula
 from tiletune.kernels.fused_attention.formula import AttentionSaved
-from tiletune.kernels.fused_attention.native import NativeFusedAttentionSpec
 from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
+from tiletune.kernels.fused_attention_backward.formula import attention_backward
+from tiletune.kernels.fused_attention_backward.portable import FusedAttentionBackwardSpec
 from tiletune.kernels.launcher import select_config
-from tiletune.kernels.native.spec import native_twin, preferred_backend
-from tiletune.kernels.ops.backward import attention_backward
+from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops.source import current_source
 from tiletune.kernels.registry import all_kernels, get_kernel
-from tiletune.kernels.spec import KernelSpec
+from tiletune.kernels.spec import KernelOutput, KernelSpec, dtype_name
 from tiletune.kernels.triton.space import TRITON_BACKEND
 
 
@@ -57,17 +59,33 @@ def _prepared(
     return inputs, implementation(kernel, inputs[0].device.type)
 
 
-def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
+def contiguous(output: KernelOutput) -> KernelOutput:
+    """A kernel's output (one tensor or several) with every tensor contiguous."""
+    if isinstance(output, tuple):
+        return tuple(t.contiguous() for t in output)
+    return output.contiguous()
+
+
+def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> KernelOutput:
     """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
-    for their shape; ``dims`` complete the shape. The result is contiguous (the fakes say so)."""
+    for their shape; ``dims`` complete the shape. The result (one tensor, or a backward kernel's
+    gradients) is contiguous (the fakes say so)."""
     inputs, runner = _prepared(kernel, tensors)
     if runner is None:
         spec = get_kernel(kernel)
         shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
-        return spec.reference(inputs, shape).contiguous()
+        return contiguous(spec.reference(inputs, shape))
     spec, backend = runner
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, **dims)
-    return spec.run(inputs, selection.config, selection.shape, backend).contiguous()
+    return contiguous(spec.run(inputs, selection.config, selection.shape, backend))
+
+
+def run_tensor_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
+    """:func:`run_kernel` for a kernel of one output tensor (``TypeError`` for one of several)."""
+    output = run_kernel(kernel, tensors, **dims)
+    if not isinstance(output, torch.Tensor):
+        raise TypeError(f"{kernel} returns {len(output)} tensors, not one")
+    return output
 
 
 def run_attention(
@@ -100,14 +118,19 @@ def run_attention(
 def run_attention_backward(
     saved: AttentionSaved, grad: torch.Tensor, grad_lse: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The attention's ``(dq, dk, dv)``: on a CPU where the native extension is built, its
-    FlashAttention-2 backward (float32, float16, bfloat16); elsewhere, and for float64, the PyTorch
-    formula (:func:`~tiletune.kernels.ops.backward.attention_backward`). Contiguous results."""
-    native = native_twin("fused_attention")
-    on_native = saved.q.dtype != torch.float64 and native.supports(saved.q.device.type)
-    if on_native and isinstance(native, NativeFusedAttentionSpec):
-        tensors = (saved.q, saved.k, saved.v) + (() if saved.mask is None else (saved.mask,))
-        shape = native.shape_of(tensors) | {"causal": saved.causal}
-        return native.gradients(saved, grad.to(saved.out.dtype), grad_lse, shape)
-    dq, dk, dv, _ = attention_backward(saved, grad, grad_lse, mask_grad=False)
+    """The attention's ``(dq, dk, dv)``: the ``fused_attention_backward`` kernel for the device (native on
+    a CPU where the extension is built, Triton on CUDA, else the portable pipeline) under the current
+    source's config for the forward's shape and dtype; float64 runs the formula. ``grad`` runs in
+    ``out``'s dtype; ``lse`` stays float32. Contiguous results."""
+    mask = () if saved.mask is None else (saved.mask,)
+    inputs = (saved.q, saved.k, saved.v, saved.out, saved.lse, grad.to(saved.out.dtype), *mask)
+    if saved.q.dtype == torch.float64:
+        dq, dk, dv, _ = attention_backward(saved, grad, grad_lse, mask_grad=False)
+        return dq.contiguous(), dk.contiguous(), dv.contiguous()
+    spec, backend = implementation("fused_attention_backward", saved.q.device.type)
+    if not isinstance(spec, FusedAttentionBackwardSpec):
+        raise TypeError(f"{spec.name} is not an attention backward spec")
+    dtype = dtype_name(saved.q.dtype)
+    selection = select_config(spec, *inputs, client=current_source(), dtype=dtype, causal=saved.causal)
+    dq, dk, dv = spec.gradients(inputs, selection.config, selection.shape, backend, saved.scale, grad_lse)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from tiletune.kernels.ops.definitions import NAMESPACE, OPERATORS
-from tiletune.kernels.ops.dispatch import run_kernel
+from tiletune.kernels.ops.definitions import OPERATORS
+from tiletune.kernels.ops.dispatch import run_tensor_kernel
+from tiletune.kernels.ops.gradients import NAMESPACE
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import KernelSpec
 
@@ -54,7 +55,7 @@ def register_operator(
     schema = "(" + ", ".join(f"Tensor {name}" for name in inputs) + ") -> Tensor"
 
     def implementation(*tensors: torch.Tensor) -> torch.Tensor:
-        return run_kernel(spec.name, tensors)
+        return run_tensor_kernel(spec.name, tensors)
 
     operator = torch.library.custom_op(
         f"{NAMESPACE}::{spec.name}", implementation, mutates_args=(), schema=schema

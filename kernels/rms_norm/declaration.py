@@ -22,6 +22,7 @@ class RmsNormDeclaration(RowKernelDeclaration):
     """RMS normalisation of each row, scaled by a weight vector of length ``cols``."""
 
     name = "rms_norm"
+    backward_kernel = "rms_norm_backward"
     version = 1
     description = "y = x / sqrt(mean(x^2) + 1e-6) * w over each row of a rows x cols matrix"
 
@@ -52,6 +53,7 @@ class NativeRmsNormDeclaration(NativeDeclaration, RmsNormDeclaration):
     (``kernels/native/csrc/rows.cpp``)."""
 
     name = "native_rms_norm"
+    backward_kernel = "native_rms_norm_backward"
     version = 1
     description = "y = x / sqrt(mean(x^2) + 1e-6) * w, native CPU: row tiles over block_dim cores"
     portable = RmsNormDeclaration
@@ -67,6 +69,7 @@ class TritonRmsNormDeclaration(TritonRowDeclaration, RmsNormDeclaration):
     blocks (see ``kernels/rms_norm/triton.py``)."""
 
     name = "triton_rms_norm"
+    backward_kernel = "triton_rms_norm_backward"
     version = 1
     description = "rms_norm in Triton: block_rows rows per program, two passes when a row spans blocks"
 

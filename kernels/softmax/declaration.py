@@ -126,6 +126,7 @@ class SoftmaxDeclaration(RowKernelDeclaration):
     """Softmax over each row, with online softmax across column tiles."""
 
     name = "softmax"
+    backward_kernel = "softmax_backward"
     version = 1
     description = "softmax over the last dim of a rows x cols matrix (online across column tiles)"
 
@@ -139,6 +140,7 @@ class NativeSoftmaxDeclaration(NativeDeclaration, SoftmaxDeclaration):
     (``kernels/native/csrc/rows.cpp``)."""
 
     name = "native_softmax"
+    backward_kernel = "native_softmax_backward"
     version = 1
     description = "softmax over the last dim, native CPU: row tiles over block_dim cores"
     portable = SoftmaxDeclaration
@@ -197,6 +199,7 @@ class TritonSoftmaxDeclaration(TritonRowDeclaration, SoftmaxDeclaration):
     (see ``kernels/softmax/triton.py``)."""
 
     name = "triton_softmax"
+    backward_kernel = "triton_softmax_backward"
     version = 1
     description = "softmax in Triton: block_rows rows per program, online softmax across column blocks"
 

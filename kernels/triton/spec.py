@@ -11,6 +11,7 @@ specs import, list and constrain without triton installed.
 
 from __future__ import annotations
 
+import importlib
 import importlib.metadata
 import importlib.util
 import os
@@ -55,16 +56,17 @@ def interpreting() -> bool:
     return os.environ.get(INTERPRET_ENV, "").strip().lower() in {"1", "true", "on"}
 
 
-def triton_kernels() -> ModuleType:
-    """The module of ``@triton.jit`` kernels, imported (and triton with it) on first use.
+def triton_kernels(module: str = "jit") -> ModuleType:
+    """The module ``tiletune.kernels.triton.<module>`` of ``@triton.jit`` kernels (``jit``: the
+    forwards'; a backward kernel has a module of its own), imported (and triton with it) on first use.
+    Such a module records in ``INTERPRETED`` whether triton loaded in its interpreter.
 
     Raises :class:`DeviceUnavailableError` with the reason when triton cannot load.
     """
     try:
-        from tiletune.kernels.triton import jit as module
+        return importlib.import_module(f"tiletune.kernels.triton.{module}")
     except ImportError as error:
         raise DeviceUnavailableError(f"triton: cannot load ({error}); {INSTALL_HINT}") from None
-    return module
 
 
 class TritonSpec(TritonDeclaration, KernelSpec):
@@ -100,9 +102,10 @@ class TritonSpec(TritonDeclaration, KernelSpec):
         return {"num_warps": config["num_warps"], "num_stages": config["num_stages"]}
 
     def prepare_launch(
-        self, inputs: Sequence[torch.Tensor], config: Config, backend: str
+        self, inputs: Sequence[torch.Tensor], config: Config, backend: str, module: str = "jit"
     ) -> tuple[ModuleType, dict[str, object]]:
-        """The kernels module and launch options for a run on ``inputs``' device.
+        """The kernels module (``tiletune.kernels.triton.<module>``) and launch options for a run on
+        ``inputs``' device.
 
         Raises (and the bench records the reason) when the backend is not
         ``triton`` or Triton cannot run on that device here.
@@ -120,10 +123,10 @@ class TritonSpec(TritonDeclaration, KernelSpec):
             raise DeviceUnavailableError(f"{self.name}: Triton on Ascend NPUs needs triton-ascend installed")
         if not self.supports(kind):
             raise DeviceUnavailableError(f"{self.name}: Triton cannot run on {kind} tensors")
-        module = triton_kernels()
-        if kind == "cpu" and not module.INTERPRETED:
+        kernels = triton_kernels(module)
+        if kind == "cpu" and not kernels.INTERPRETED:
             raise DeviceUnavailableError(
                 f"{self.name}: the Triton kernels were loaded before {INTERPRET_ENV}=1 was set; "
                 "set it before the first run"
             )
-        return module, self.launch_options(config, kind)
+        return kernels, self.launch_options(config, kind)

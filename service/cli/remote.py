@@ -127,9 +127,9 @@ def add_submit_parser(commands: Commands) -> None:
         help="submit a tuning sweep to a server",
         description="Submit a sweep: one job per shape x dtype (x chip) of one kernel, from flags or "
         "from FILE, a JSON object in SweepCreate form (see /docs); --trials, --max-time, --patience, "
-        "--strategy, --chip and --force override the file's values. Keys already tuned on the same "
-        "software are skipped unless --force. Exit status: 2 when the sweep is refused (the message "
-        "names the field); with --wait, 1 when a job failed.",
+        "--strategy, --chip, --force and --with-backward override the file's values. Keys already "
+        "tuned on the same software are skipped unless --force. Exit status: 2 when the sweep is "
+        "refused (the message names the field); with --wait, 1 when a job failed.",
     )
     submit.add_argument("file", nargs="?", metavar="FILE", help="sweep as JSON (SweepCreate); - reads stdin")
     submit.add_argument("--kernel", help="kernel name (see `tiletune kernels`)")
@@ -149,6 +149,12 @@ def add_submit_parser(commands: Commands) -> None:
     )
     submit.add_argument("--strategy", choices=STRATEGIES, help="search strategy (default tpe)")
     submit.add_argument("--force", action="store_true", help="tune keys again even if already tuned")
+    submit.add_argument(
+        "--with-backward",
+        action="store_true",
+        help="also tune the keys each kernel's backward looks up (softmax_backward, rms_norm_backward, "
+        "fused_attention_backward at the same shapes; matmul's transposed shapes), for training",
+    )
     submit.add_argument("--wait", action="store_true", help="follow the sweep until every job has finished")
     submit.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds (exit 1)")
     add_server_options(submit)

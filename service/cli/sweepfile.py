@@ -58,11 +58,17 @@ def _dims(text: str) -> dict[str, object]:
 
 
 def sweep_from_file(args: argparse.Namespace) -> SweepCreate:
-    """The sweep of ``submit FILE``, with the search flags, ``--chip`` and ``--force`` over the file's."""
+    """The sweep of ``submit FILE``, with the search flags, ``--chip``, ``--force`` and
+    ``--with-backward`` over the file's."""
     clashing = [f"--{name}" for name in ("kernel", "shape", "dtype") if getattr(args, name)]
     if clashing:
         raise BadInputError("file", f"give either FILE or {', '.join(clashing)}, not both")
-    overrides = {**_search_flags(args), "chips": args.chip or None, "force": True if args.force else None}
+    overrides = {
+        **_search_flags(args),
+        "chips": args.chip or None,
+        "force": True if args.force else None,
+        "with_backward": True if args.with_backward else None,
+    }
     return read_sweep_file(args.file, {key: value for key, value in overrides.items() if value is not None})
 
 
@@ -87,6 +93,7 @@ def sweep_from_flags(args: argparse.Namespace) -> SweepCreate:
         "dtypes": args.dtype,
         "chips": args.chip or [],
         "force": args.force,
+        "with_backward": args.with_backward,
     }
     document.update({key: value for key, value in _search_flags(args).items() if value is not None})
     try:

@@ -72,15 +72,20 @@ def test_a_step_asks_one_config_per_operator_call_and_the_profile_sees_each_oper
     assert 0 < profile["self_share"] <= profile["total_share"] <= 1.0
 
 
-def _sequence(seq: int, medians: dict[str, float], lookups_share: float) -> dict[str, Any]:
-    inference = {
+def _ratios(medians: dict[str, float]) -> dict[str, float]:
+    return {
         "d_over_a": medians["d"] / medians["a"],
         "c_over_d": medians["c"] / medians["d"],
         "e_over_b": medians["e"] / medians["b"],
     }
+
+
+def _sequence(
+    seq: int, medians: dict[str, float], lookups_share: float, training: dict[str, float] | None = None
+) -> dict[str, Any]:
     return {
         "seq": seq,
-        "ratios": {"inference": inference},
+        "ratios": {"inference": _ratios(medians), "training": _ratios(training or medians)},
         "lookups": {"inference": {"get_share_of_step": lookups_share}},
     }
 
@@ -97,3 +102,28 @@ def test_a_goal_is_met_only_when_every_sequence_meets_it() -> None:
     assert not found["c_over_d"]["met"]  # 1.41 at 1024, 1.16 at 2048
     assert found["e_over_b"]["met"]  # 1.0 and 0.99
     assert not found["lookups_share"]["met"]
+
+
+def test_the_training_goals_are_judged_on_the_training_medians() -> None:
+    fast = {"a": 100.0, "b": 80.0, "c": 130.0, "d": 85.0, "e": 78.0}
+    slow = {"a": 100.0, "b": 80.0, "c": 100.0, "d": 95.0, "e": 90.0}
+    found = goals([_sequence(1024, fast, 0.001, training=slow), _sequence(2048, fast, 0.001, training=fast)])
+    assert all(found[name]["met"] for name in ("d_over_a", "c_over_d", "e_over_b"))
+    assert found["training_d_over_a"]["values"] == {"1024": 0.95, "2048": 0.85}
+    assert not found["training_d_over_a"]["met"]
+    assert not found["training_c_over_d"]["met"]  # 1.05 at 1024
+    assert not found["training_e_over_b"]["met"]  # 1.125 at 1024
+
+
+def test_a_training_profile_names_each_operators_forward_and_backward() -> None:
+    variant = on_operators(build_decoder(TINY), "d", "tiny", offline_client())
+    ids = tokens()
+    variant.step("training", ids)
+    phases = operator_shares(variant, "training", ids)["phases"]
+    assert set(phases) == {"forward", "backward", "optimizer"}
+    assert {"fused_attention", "rms_norm", "matmul"} <= set(phases["forward"])
+    # the backward runs the backward operators (their tuned kernels) and matmul's transposed calls
+    assert {"fused_attention_backward", "rms_norm_backward", "matmul"} <= set(phases["backward"])
+    assert "fused_attention_backward" not in phases["forward"]
+    assert phases["optimizer"] == {}
+    assert 0 < sum(phases["backward"].values()) < 1

@@ -129,7 +129,9 @@ DEFAULTS = [
 RAW_TYPICAL: dict[str, list[dict[str, int]]] = {
     "add": [{"n": 1 << 24}, {"n": 100_000}, {"n": 3}],
     "softmax": [{"rows": 4096, "cols": 4096}, {"rows": 8, "cols": 32768}, {"rows": 7, "cols": 9}],
+    "softmax_backward": [{"rows": 4096, "cols": 4096}, {"rows": 8192, "cols": 1024}, {"rows": 7, "cols": 9}],
     "rms_norm": [{"rows": 4096, "cols": 4096}, {"rows": 16384, "cols": 1024}],
+    "rms_norm_backward": [{"rows": 4096, "cols": 4096}, {"rows": 8192, "cols": 1024}, {"rows": 7, "cols": 9}],
     "matmul": [{"m": 1024, "n": 1024, "k": 1024}, {"m": 4096, "n": 128, "k": 4096}, {"m": 5, "n": 5, "k": 5}],
     "fused_attention": [
         {"batch": 1, "heads": 4, "seq_q": 2048, "seq_kv": 2048, "head_dim": 64, "causal": 1},
@@ -144,6 +146,11 @@ RAW_TYPICAL: dict[str, list[dict[str, int]]] = {
             "causal": 2,
             "mask": 1,
         },
+    ],
+    "fused_attention_backward": [
+        {"batch": 1, "heads": 8, "kv_heads": 2, "seq_q": 2048, "seq_kv": 2048, "head_dim": 64, "causal": 1},
+        {"batch": 8, "heads": 16, "seq_q": 512, "seq_kv": 512, "head_dim": 128, "causal": 0, "mask": 1},
+        {"batch": 2, "heads": 4, "seq_q": 100, "seq_kv": 300, "head_dim": 64, "causal": 2},
     ],
 }
 #: Every dim given (the shapes the spec's methods take).

@@ -14,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import tiletune.kernels.ops  # noqa: F401  (registers torch.ops.tiletune.*)
+from tests.kernels.cases import one_tensor
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.matmul.portable import layout
 from tiletune.kernels.native.build import native_module, native_status
@@ -56,8 +57,8 @@ def available(kernel: str) -> None:
 def assert_reference(spec: KernelSpec, inputs: Sequence[torch.Tensor], shape: Shape) -> None:
     """The kernel's result on ``inputs`` (its config of :data:`IMPLEMENTATIONS`) is the reference's."""
     backend, config = IMPLEMENTATIONS[spec.name]
-    actual = spec.run(inputs, config, shape, backend)
-    expected = spec.reference(inputs, shape)
+    actual = one_tensor(spec.run(inputs, config, shape, backend))
+    expected = one_tensor(spec.reference(inputs, shape))
     tolerance = spec.tolerance(dtype_name(inputs[0].dtype))
     assert actual.dtype == inputs[0].dtype
     assert actual.shape == (shape["m"], shape["n"])

@@ -1,7 +1,8 @@
 """The native C++ attention backward (``attention_backward``: dq, dk, dv from the forward's saved
-log-sum-exp) against the PyTorch backward (``kernels/ops/backward.py``): both causal alignments
-with square, short and long query sequences, grouped-query attention, a broadcast mask with a
-fully masked row, a custom scale, blocks that divide no length and one or two cores.
+log-sum-exp) against the PyTorch formula (``kernels/fused_attention_backward/formula.py``): both
+causal alignments with square, short and long query sequences, grouped-query attention, a
+broadcast mask with a fully masked row, a custom scale, blocks that divide no length and one or two
+cores.
 
 The forward's ``(out, lse)`` come from the native forward, so both backwards see the same saved
 tensors. The extension is part of the product on CPUs: when it is not built these tests fail
@@ -16,8 +17,8 @@ import torch
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.fused_attention.native import SPEC
+from tiletune.kernels.fused_attention_backward.formula import attention_backward
 from tiletune.kernels.native.build import native_module, native_status
-from tiletune.kernels.ops.backward import attention_backward
 
 NO_CAUSAL, TOP_LEFT, BOTTOM_RIGHT = 0, 1, 2
 #: (seq_q, seq_kv): square, fewer queries than keys, more queries than keys.
@@ -84,6 +85,8 @@ def native_backward(
         config["block_q"],
         config["block_kv"],
         config["block_dim"],
+        config["buffer_num"],
+        config["pipeline_depth"],
     )
     return result
 
@@ -174,13 +177,15 @@ def test_inconsistent_tensors_are_rejected() -> None:
     saved = forward((q, k, v), NO_CAUSAL, CONFIG, None)
     backward = native_module().attention_backward
     with pytest.raises(RuntimeError, match="lse must be float32"):
-        backward(q, k, v, None, saved.out, saved.lse.double(), grad, None, 0, 0.5, 4, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse.double(), grad, None, 0, 0.5, 4, 4, 1, 2, 2)
     with pytest.raises(RuntimeError, match="grad_out must have q's size"):
-        backward(q, k, v, None, saved.out, saved.lse, grad[:, :, :4].contiguous(), None, 0, 0.5, 4, 4, 1)
+        backward(
+            q, k, v, None, saved.out, saved.lse, grad[:, :, :4].contiguous(), None, 0, 0.5, 4, 4, 1, 2, 2
+        )
     with pytest.raises(RuntimeError, match="causal must be 0"):
-        backward(q, k, v, None, saved.out, saved.lse, grad, None, 3, 0.5, 4, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse, grad, None, 3, 0.5, 4, 4, 1, 2, 2)
     with pytest.raises(RuntimeError, match="blocks must be >= 1"):
-        backward(q, k, v, None, saved.out, saved.lse, grad, None, 0, 0.5, 0, 4, 1)
+        backward(q, k, v, None, saved.out, saved.lse, grad, None, 0, 0.5, 0, 4, 1, 2, 2)
 
 
 @pytest.mark.parametrize("causal", [NO_CAUSAL, BOTTOM_RIGHT])

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from tests.kernels.cases import one_tensor
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import CpuDevice, ascend_limits
@@ -75,6 +76,17 @@ CASES: dict[str, list[tuple[Shape, list[Config]]]] = {
             ],
         ),
     ],
+    "triton_softmax_backward": [
+        ({"rows": 1, "cols": 1}, [{"block_rows": 1, "block_cols": 16, "num_stages": 1, "num_warps": 1}]),
+        (
+            {"rows": 37, "cols": 300},
+            [
+                {"block_rows": 4, "block_cols": 32, "num_stages": 3, "num_warps": 2},
+                {"block_rows": 2, "block_cols": 512, "num_stages": 1, "num_warps": 8},
+                {"block_rows": 64, "block_cols": 128, "num_stages": 2, "num_warps": 4},
+            ],
+        ),
+    ],
     "triton_rms_norm": [
         ({"rows": 3, "cols": 7}, [{"block_rows": 1, "block_cols": 16, "num_stages": 1, "num_warps": 1}]),
         (
@@ -82,6 +94,17 @@ CASES: dict[str, list[tuple[Shape, list[Config]]]] = {
             [
                 {"block_rows": 4, "block_cols": 32, "num_stages": 4, "num_warps": 2},
                 {"block_rows": 16, "block_cols": 512, "num_stages": 1, "num_warps": 4},
+            ],
+        ),
+    ],
+    "triton_rms_norm_backward": [
+        ({"rows": 1, "cols": 1}, [{"block_rows": 1, "block_cols": 16, "num_stages": 1, "num_warps": 1}]),
+        (
+            {"rows": 37, "cols": 300},
+            [
+                {"block_rows": 4, "block_cols": 64, "num_stages": 3, "num_warps": 2},
+                {"block_rows": 2, "block_cols": 512, "num_stages": 1, "num_warps": 8},
+                {"block_rows": 64, "block_cols": 128, "num_stages": 2, "num_warps": 4},
             ],
         ),
     ],
@@ -128,6 +151,28 @@ CASES: dict[str, list[tuple[Shape, list[Config]]]] = {
             [{"block_q": 16, "block_kv": 16, "num_stages": 2, "num_warps": 1}],
         ),
     ],
+    "triton_fused_attention_backward": [
+        (
+            {
+                "batch": 1,
+                "heads": 2,
+                "kv_heads": 1,
+                "seq_q": 40,
+                "seq_kv": 20,
+                "head_dim": 24,
+                "causal": 2,
+                "mask": 1,
+            },
+            [{"block_q": 16, "block_kv": 16, "num_stages": 2, "num_warps": 1}],
+        ),
+        (
+            {"batch": 1, "heads": 2, "seq_q": 37, "seq_kv": 50, "head_dim": 8, "causal": 1},
+            [
+                {"block_q": 16, "block_kv": 16, "num_stages": 2, "num_warps": 4},
+                {"block_q": 32, "block_kv": 64, "num_stages": 1, "num_warps": 2},
+            ],
+        ),
+    ],
 }
 
 
@@ -164,7 +209,7 @@ def test_configs_match_the_reference_on_shapes_blocks_do_not_divide(name: str, d
 def test_triton_kernels_keep_the_callers_sizes_and_dtype() -> None:
     x = torch.randn(3, 4, 50, dtype=torch.float16)
     config = {"block_rows": 4, "block_cols": 16, "num_stages": 2, "num_warps": 4}
-    out = SPECS["triton_softmax"].run((x,), config, {"rows": 12, "cols": 50})
+    out = one_tensor(SPECS["triton_softmax"].run((x,), config, {"rows": 12, "cols": 50}))
     assert out.shape == x.shape
     assert out.dtype == torch.float16
     torch.testing.assert_close(out.float(), torch.softmax(x.float(), -1), atol=2e-3, rtol=2e-3)
@@ -532,9 +577,14 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
         shapes = {
             "triton_add": {"n": 100003},
             "triton_softmax": {"rows": 300, "cols": 1000},
+            "triton_softmax_backward": {"rows": 300, "cols": 1000},
             "triton_rms_norm": {"rows": 300, "cols": 1000},
+            "triton_rms_norm_backward": {"rows": 300, "cols": 1000},
             "triton_matmul": {"m": 300, "n": 200, "k": 500},
             "triton_fused_attention": {
+                "batch": 2, "heads": 4, "seq_q": 300, "seq_kv": 500, "head_dim": 64, "causal": 1
+            },
+            "triton_fused_attention_backward": {
                 "batch": 2, "heads": 4, "seq_q": 300, "seq_kv": 500, "head_dim": 64, "causal": 1
             },
         }

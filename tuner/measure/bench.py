@@ -28,7 +28,7 @@ import torch
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
-from tiletune.kernels.spec import KernelSpec
+from tiletune.kernels.spec import KernelOutput, KernelSpec
 from tiletune.kernels.vendor import vendor_op
 
 
@@ -235,8 +235,24 @@ def measure_interleaved(
     return [Measurement.from_samples(s) for s in samples]
 
 
-def output_mismatch(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """Why ``actual`` is not ``expected`` within tolerance, or None when it is."""
+def output_mismatch(actual: KernelOutput, expected: KernelOutput, atol: float, rtol: float) -> str | None:
+    """Why ``actual`` is not ``expected`` within tolerance, or None when it is. Several outputs (a
+    backward kernel's gradients) are compared one by one; a mismatch names the output's index."""
+    if isinstance(expected, tuple) or isinstance(actual, tuple):
+        got_all = actual if isinstance(actual, tuple) else (actual,)
+        want_all = expected if isinstance(expected, tuple) else (expected,)
+        if len(got_all) != len(want_all):
+            return f"wrong number of outputs: {len(got_all)}, expected {len(want_all)}"
+        for index, (got, want) in enumerate(zip(got_all, want_all, strict=True)):
+            mismatch = _tensor_mismatch(got, want, atol, rtol)
+            if mismatch is not None:
+                return f"output {index}: {mismatch}"
+        return None
+    return _tensor_mismatch(actual, expected, atol, rtol)
+
+
+def _tensor_mismatch(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
+    """Why one output tensor is not its reference within tolerance, or None when it is."""
     if actual.shape != expected.shape:
         return f"wrong output shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
     got = actual.detach().to("cpu", torch.float32)
@@ -291,7 +307,7 @@ class KernelBench:
         reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
         if reason is not None:
             return TrialResult(config, invalid=reason), 0.0
-        outputs: list[torch.Tensor] = []
+        outputs: list[KernelOutput] = []
         try:
             run_ms = self.device.time_ms(
                 lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.implementation))
@@ -374,7 +390,7 @@ def compare_with_vendor(bench: KernelBench, configs: Sequence[Config], default: 
     vendor_invalid: str | None = None
     if vendor is not None:
         output = vendor()
-        assert isinstance(output, torch.Tensor)
+        assert isinstance(output, torch.Tensor | tuple)
         tolerance = bench.tolerance
         vendor_invalid = output_mismatch(output, bench.expected, tolerance.atol, tolerance.rtol)
         if vendor_invalid is None:

@@ -394,6 +394,17 @@ at::Tensor native_softmax(const at::Tensor& x, int64_t tile_rows, int64_t tile_c
 at::Tensor native_rms_norm(const at::Tensor& x, const at::Tensor& w, double eps,
                               int64_t tile_rows, int64_t tile_cols, int64_t block_dim,
                               int64_t buffer_num, int64_t pipeline_depth);
+// rms_norm's gradients for grad (x's size): (dx in x's dtype, dw = sum over rows of g x r in w's),
+// with r = 1 / sqrt(mean(x^2) + eps) per row; dw accumulated in float32, per core, then summed.
+std::tuple<at::Tensor, at::Tensor> native_rms_norm_backward(const at::Tensor& x, const at::Tensor& w,
+                                                           const at::Tensor& grad, double eps,
+                                                           int64_t tile_rows, int64_t tile_cols,
+                                                           int64_t block_dim, int64_t buffer_num,
+                                                           int64_t pipeline_depth);
+// softmax's gradient dx = y * (g - sum(g * y)) per row of rows x cols, from the forward's output y.
+at::Tensor native_softmax_backward(const at::Tensor& y, const at::Tensor& grad, int64_t tile_rows,
+                                   int64_t tile_cols, int64_t block_dim, int64_t buffer_num,
+                                   int64_t pipeline_depth);
 at::Tensor native_matmul(const at::Tensor& a, const at::Tensor& b, int64_t tile_m,
                             int64_t tile_n, int64_t tile_k, int64_t block_dim, int64_t buffer_num,
                             int64_t pipeline_depth);
@@ -406,10 +417,10 @@ std::tuple<at::Tensor, at::Tensor> native_attention(const at::Tensor& q, const a
                                                     int64_t causal, double scale, int64_t block_q,
                                                     int64_t block_kv, int64_t block_dim,
                                                     int64_t buffer_num, int64_t pipeline_depth);
-// The gradients (dq, dk, dv) of native_attention's out for grad_out alone, from its inputs, out
-// and lse (the probabilities recomputed, FlashAttention-2 style); in the inputs' dtypes.
+// The gradients (dq, dk, dv) of native_attention's out for grad_out (and lse for grad_lse), from
+// its inputs, out and lse (the probabilities recomputed, FlashAttention-2 style); in the inputs' dtypes.
 std::tuple<at::Tensor, at::Tensor, at::Tensor> native_attention_backward(
     const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const std::optional<at::Tensor>& mask, const at::Tensor& out, const at::Tensor& lse,
     const at::Tensor& grad_out, const std::optional<at::Tensor>& grad_lse, int64_t causal, double scale,
-    int64_t block_q, int64_t block_kv, int64_t block_dim);
+    int64_t block_q, int64_t block_kv, int64_t block_dim, int64_t buffer_num, int64_t pipeline_depth);
