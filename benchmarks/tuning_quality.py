@@ -148,6 +148,7 @@ def measure_key(
     :func:`~tiletune.kernels.native.spec.preferred_backend`).
     """
     spec = get_kernel(f"native_{kernel}" if family == "native" else kernel)
+    shape = spec.parse_shape(shape)  # dims left out take their defaults (kv_heads, mask)
     device = get_device("cpu")
     space_size = len(spec.space(shape, dtype, device.chip.limits))
     trials = max(8, math.floor(TUNE_FRACTION * space_size))

@@ -26,6 +26,10 @@ OPERATOR_COLOURS = {
     "rms_norm": "tab:orange",
     "softmax": "tab:red",
     "add": "tab:brown",
+    # a backward operator: its forward's hue, lighter
+    "fused_attention_backward": "yellowgreen",
+    "rms_norm_backward": "navajowhite",
+    "softmax_backward": "lightcoral",
 }
 
 
