@@ -97,6 +97,14 @@ def visible_pairs(seq_q: int, seq_kv: int, causal: int) -> int:
     return up_to(c + seq_q - 1) - up_to(c - 1)
 
 
+def check_kv_heads(shape: Shape) -> Shape:
+    """``shape``, once ``kv_heads`` divides ``heads`` (each kv head serves a group of query heads);
+    :class:`ShapeError` naming ``shape.kv_heads`` otherwise."""
+    if shape["heads"] % shape["kv_heads"]:
+        raise ShapeError("shape.kv_heads", f"must divide heads ({shape['heads']}), got {shape['kv_heads']}")
+    return shape
+
+
 class FusedAttentionDeclaration(KernelDeclaration):
     """Tiled attention forward with online softmax over kv blocks."""
 
@@ -131,13 +139,8 @@ class FusedAttentionDeclaration(KernelDeclaration):
     implementations: tuple[str, ...] = PORTABLE_AND_NATIVE
 
     def parse_shape(self, raw: Mapping[str, object]) -> Shape:
-        """The base checks, and ``kv_heads`` must divide ``heads`` (each kv head serves a group)."""
-        shape = super().parse_shape(raw)
-        if shape["heads"] % shape["kv_heads"]:
-            raise ShapeError(
-                "shape.kv_heads", f"must divide heads ({shape['heads']}), got {shape['kv_heads']}"
-            )
-        return shape
+        """The base checks, and ``kv_heads`` must divide ``heads`` (:func:`check_kv_heads`)."""
+        return check_kv_heads(super().parse_shape(raw))
 
     def working_set_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """Per (batch, head): Q/K/V queues, float32 accumulators, scores and row statistics."""

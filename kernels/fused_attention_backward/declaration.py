@@ -64,12 +64,12 @@ from tiletune.kernels.declaration import (
     heuristic_tiling,
     pow2_floor,
 )
-from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.fused_attention.declaration import (
     BLOCKS,
     NO_CAUSAL,
     TRITON_BLOCKS,
     FusedAttentionDeclaration,
+    check_kv_heads,
     padded_head_dim,
     visible_pairs,
 )
@@ -117,12 +117,7 @@ class FusedAttentionBackwardDeclaration(KernelDeclaration):
 
     def parse_shape(self, raw: Mapping[str, object]) -> Shape:
         """The base checks, and ``kv_heads`` must divide ``heads`` (as the forward's)."""
-        shape = super().parse_shape(raw)
-        if shape["heads"] % shape["kv_heads"]:
-            raise ShapeError(
-                "shape.kv_heads", f"must divide heads ({shape['heads']}), got {shape['kv_heads']}"
-            )
-        return shape
+        return check_kv_heads(super().parse_shape(raw))
 
     def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
         """The forward's rule: square blocks of the rule's tile elements (whole dims for tiny problems)."""

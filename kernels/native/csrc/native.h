@@ -339,6 +339,35 @@ inline void gemm_rowmajor(int m, int n, int k, const float* a, int lda, const fl
   gemm_rowmajor(m, n, k, a, lda, false, b, ldb, trans_b, beta, c, ldc);
 }
 
+// One step of a row tile of the row-wise kernels: rows [r0, r0 + rows) by columns [c0, c0 + cols).
+struct RowBlock {
+  int64_t r0, rows, c0, cols;
+  bool second;  // a pass-two (output-producing) step
+  bool first;   // the first step of its pass
+};
+
+// The row-wise kernels' tiling of a rows x cols matrix into tile_rows x tile_cols tiles: a row tile is
+// one step with whole rows, else two passes over its column tiles (statistics, then the output).
+struct RowTiling {
+  int64_t rows, cols, tile_rows, tile_cols, col_tiles;
+  bool two_pass;
+
+  RowTiling(int64_t r, int64_t c, int64_t tr, int64_t tc)
+      : rows(r), cols(c), tile_rows(tr), tile_cols(std::min(tc, c)),
+        col_tiles((c + std::min(tc, c) - 1) / std::min(tc, c)), two_pass(col_tiles > 1) {}
+
+  int64_t row_tiles() const { return (rows + tile_rows - 1) / tile_rows; }
+  int64_t steps_per_tile() const { return two_pass ? 2 * col_tiles : 1; }
+
+  RowBlock block(int64_t row_tile, int64_t step) const {
+    const int64_t r0 = row_tile * tile_rows;
+    const bool second = !two_pass || step >= col_tiles;
+    const int64_t ct = two_pass ? step % col_tiles : 0;
+    const int64_t c0 = ct * tile_cols;
+    return {r0, std::min(tile_rows, rows - r0), c0, std::min(tile_cols, cols - c0), second, ct == 0};
+  }
+};
+
 // q [batch, heads, seq_q, d], k and v [batch, kv_heads, seq_kv, d]: CPU, one dtype, 4-D, kv_heads
 // dividing heads (grouped-query attention); what the attention's forward and backward check first.
 inline void check_attention_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

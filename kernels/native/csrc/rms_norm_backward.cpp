@@ -16,32 +16,8 @@
 namespace {
 
 using tiletune::Pipeline;
-
-struct GradBlock {
-  int64_t r0, rows, c0, cols;
-  bool second;  // a pass-two (output-producing) step
-  bool first;   // the first step of its pass
-};
-
-struct GradTiling {
-  int64_t rows, cols, tile_rows, tile_cols, col_tiles;
-  bool two_pass;
-
-  GradTiling(int64_t r, int64_t c, int64_t tr, int64_t tc)
-      : rows(r), cols(c), tile_rows(tr), tile_cols(std::min(tc, c)),
-        col_tiles((c + std::min(tc, c) - 1) / std::min(tc, c)), two_pass(col_tiles > 1) {}
-
-  int64_t row_tiles() const { return (rows + tile_rows - 1) / tile_rows; }
-  int64_t steps_per_tile() const { return two_pass ? 2 * col_tiles : 1; }
-
-  GradBlock block(int64_t row_tile, int64_t step) const {
-    const int64_t r0 = row_tile * tile_rows;
-    const bool second = !two_pass || step >= col_tiles;
-    const int64_t ct = two_pass ? step % col_tiles : 0;
-    const int64_t c0 = ct * tile_cols;
-    return {r0, std::min(tile_rows, rows - r0), c0, std::min(tile_cols, cols - c0), second, ct == 0};
-  }
-};
+using tiletune::RowTiling;
+using Block = tiletune::RowBlock;
 
 // Whether T takes the AVX-512 path (float, half, bfloat16); double runs the scalar loops.
 template <class T>
@@ -198,13 +174,13 @@ void tile_grads(T* dx, int64_t ld, float* __restrict__ dw, const T* xs, const T*
 }
 
 template <class T>
-void copy_block_in(T* slot, const T* x, int64_t ld, const GradBlock& b) {
+void copy_block_in(T* slot, const T* x, int64_t ld, const Block& b) {
   for (int64_t r = 0; r < b.rows; ++r)
     std::memcpy(slot + r * b.cols, x + (b.r0 + r) * ld + b.c0, b.cols * sizeof(T));
 }
 
 template <class T>
-void prefetch_block(const T* x, const T* g, int64_t ld, const GradBlock& b) {
+void prefetch_block(const T* x, const T* g, int64_t ld, const Block& b) {
   for (int64_t r = 0; r < b.rows; ++r) {
     tiletune::prefetch(x + (b.r0 + r) * ld + b.c0, b.cols * sizeof(T));
     tiletune::prefetch(g + (b.r0 + r) * ld + b.c0, b.cols * sizeof(T));
@@ -223,7 +199,7 @@ struct GradLocal {
   float* dw;
   int64_t tile;
 
-  GradLocal(const GradTiling& t, int64_t slots) {
+  GradLocal(const RowTiling& t, int64_t slots) {
     tile = t.tile_rows * t.tile_cols;
     auto round = [](size_t bytes) { return (bytes + 63) / 64 * 64; };
     const int64_t weight_elems = t.two_pass ? slots * t.tile_cols : t.cols;
@@ -240,7 +216,7 @@ struct GradLocal {
 };
 
 struct GradArgs {
-  GradTiling t;
+  RowTiling t;
   Pipeline p;
   float eps;
   bool stream;
@@ -248,7 +224,7 @@ struct GradArgs {
 
 template <class T>
 void grad_core(const T* x, const T* w, const T* g, T* dx, float* parts, const GradArgs& a, int64_t core) {
-  const GradTiling& t = a.t;
+  const RowTiling& t = a.t;
   GradLocal<T> local(t, a.p.buffer_num);
   std::fill(local.dw, local.dw + t.cols, 0.0f);
   if (!t.two_pass) std::memcpy(local.weight, w, t.cols * sizeof(T));  // once per call
@@ -258,7 +234,7 @@ void grad_core(const T* x, const T* w, const T* g, T* dx, float* parts, const Gr
   for (int64_t i = 0; i < total; ++i) {
     const int64_t ahead = i + a.p.pipeline_depth - 1;
     if (ahead > i && ahead < total) prefetch_block(x, g, t.cols, block_of(ahead));
-    const GradBlock b = block_of(i);
+    const Block b = block_of(i);
     const int64_t slot = i % a.p.buffer_num;
     T* xs = local.x + slot * local.tile;
     T* gs = local.g + slot * local.tile;
@@ -330,7 +306,7 @@ std::tuple<at::Tensor, at::Tensor> native_rms_norm_backward(const at::Tensor& x,
   auto dw = at::empty_like(w);
   if (x.size(1) == 0) return {dx, dw};
   if (x.size(0) == 0) return {dx, dw.zero_()};
-  GradArgs a{GradTiling(x.size(0), x.size(1), tile_rows, tile_cols), p, static_cast<float>(eps), false};
+  GradArgs a{RowTiling(x.size(0), x.size(1), tile_rows, tile_cols), p, static_cast<float>(eps), false};
   auto parts = at::empty({block_dim, x.size(1)}, x.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "native_rms_norm_backward", [&] {
     a.stream = static_cast<size_t>(x.numel()) * sizeof(scalar_t) > tiletune::streaming_bytes();

@@ -12,32 +12,8 @@
 namespace {
 
 using tiletune::Pipeline;
-
-struct Block {
-  int64_t r0, rows, c0, cols;
-  bool second;  // a pass-two (output-producing) step
-  bool first;   // the first step of its pass
-};
-
-struct RowTiling {
-  int64_t rows, cols, tile_rows, tile_cols, col_tiles;
-  bool two_pass;
-
-  RowTiling(int64_t r, int64_t c, int64_t tr, int64_t tc)
-      : rows(r), cols(c), tile_rows(tr), tile_cols(std::min(tc, c)),
-        col_tiles((c + std::min(tc, c) - 1) / std::min(tc, c)), two_pass(col_tiles > 1) {}
-
-  int64_t row_tiles() const { return (rows + tile_rows - 1) / tile_rows; }
-  int64_t steps_per_tile() const { return two_pass ? 2 * col_tiles : 1; }
-
-  Block block(int64_t row_tile, int64_t step) const {
-    const int64_t r0 = row_tile * tile_rows;
-    const bool second = !two_pass || step >= col_tiles;
-    const int64_t ct = two_pass ? step % col_tiles : 0;
-    const int64_t c0 = ct * tile_cols;
-    return {r0, std::min(tile_rows, rows - r0), c0, std::min(tile_cols, cols - c0), second, ct == 0};
-  }
-};
+using tiletune::RowTiling;
+using Block = tiletune::RowBlock;
 
 template <class T>
 void copy_block_in(T* slot, const T* x, int64_t ld, const Block& b) {
