@@ -257,16 +257,24 @@ class TritonFusedAttentionDeclaration(TritonDeclaration, FusedAttentionDeclarati
 
     def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
         """Square blocks of the rule's tile elements (whole dims for tiny problems)."""
-        total = shape["seq_q"] * shape["seq_kv"]
-        rule = heuristic_tiling(total, element_size(dtype), limits.local_memory_bytes)
-        values = self.knob_values(shape)
-        side = pow2_floor(math.sqrt(rule.tile_elements))
-        small = total <= 1024  # the rule's "one tile of everything"
-        blocks = {
-            knob: values[knob][-1] if small else snap_down(side, values[knob])
-            for knob in ("block_q", "block_kv")
-        }
-        return {**blocks, **self.launch_defaults(rule, self.loop_steps(blocks, shape), limits)}
+        return triton_attention_default(self, shape, dtype, limits)
+
+
+def triton_attention_default(
+    declaration: TritonDeclaration, shape: Shape, dtype: str, limits: DeviceLimits
+) -> Config:
+    """The rule for a Triton attention kernel (forward or backward) with ``block_q`` and ``block_kv``
+    knobs: square blocks of the rule's tile elements (whole dims for tiny problems), snapped to the
+    knobs' values; stages and warps from its ``launch_defaults`` over its ``loop_steps``."""
+    total = shape["seq_q"] * shape["seq_kv"]
+    rule = heuristic_tiling(total, element_size(dtype), limits.local_memory_bytes)
+    values = declaration.knob_values(shape)
+    side = pow2_floor(math.sqrt(rule.tile_elements))
+    small = total <= 1024  # the rule's "one tile of everything"
+    blocks = {
+        knob: values[knob][-1] if small else snap_down(side, values[knob]) for knob in ("block_q", "block_kv")
+    }
+    return {**blocks, **declaration.launch_defaults(rule, declaration.loop_steps(blocks, shape), limits)}
 
 
 #: The kernels this file declares: ``fused_attention`` and its native and Triton versions.

@@ -48,10 +48,9 @@ Default: the forward's rule (square blocks of the rule's tile elements, whole di
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
-from tiletune.client.space import DeviceLimits, Knob, snap_down
+from tiletune.client.space import DeviceLimits, Knob
 from tiletune.kernels.declaration import (
     BUFFER_NUM,
     FLOAT32_BYTES,
@@ -61,8 +60,6 @@ from tiletune.kernels.declaration import (
     Shape,
     element_size,
     float32_copies,
-    heuristic_tiling,
-    pow2_floor,
 )
 from tiletune.kernels.fused_attention.declaration import (
     BLOCKS,
@@ -71,6 +68,7 @@ from tiletune.kernels.fused_attention.declaration import (
     FusedAttentionDeclaration,
     check_kv_heads,
     padded_head_dim,
+    triton_attention_default,
     visible_pairs,
 )
 from tiletune.kernels.native.space import PORTABLE_AND_NATIVE, NativeDeclaration, with_block_dim
@@ -239,16 +237,7 @@ class TritonFusedAttentionBackwardDeclaration(TritonDeclaration, FusedAttentionB
     def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
         """The forward Triton kernel's rule: square blocks of the rule's tile elements (whole dims for
         tiny problems), stages and warps from :meth:`launch_defaults`."""
-        total = shape["seq_q"] * shape["seq_kv"]
-        rule = heuristic_tiling(total, element_size(dtype), limits.local_memory_bytes)
-        values = self.knob_values(shape)
-        side = pow2_floor(math.sqrt(rule.tile_elements))
-        small = total <= 1024  # the rule's "one tile of everything"
-        blocks = {
-            knob: values[knob][-1] if small else snap_down(side, values[knob])
-            for knob in ("block_q", "block_kv")
-        }
-        return {**blocks, **self.launch_defaults(rule, self.loop_steps(blocks, shape), limits)}
+        return triton_attention_default(self, shape, dtype, limits)
 
 
 #: The kernels this file declares: ``fused_attention_backward`` and its native and Triton versions.

@@ -27,7 +27,6 @@ loads. ``num_stages`` pipelines the inner loops (launch option).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
@@ -35,17 +34,12 @@ import triton
 import triton.language as tl
 
 from tiletune.kernels.fused_attention.declaration import padded_head_dim
+from tiletune.kernels.triton.jit import LOG2_E, dot_precision, mask_strides
 from tiletune.kernels.triton.spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).
 INTERPRETED: bool = interpreting()
-LOG2_E = math.log2(math.e)
 _LOG2_E: tl.constexpr = tl.constexpr(LOG2_E)
-
-
-def _dot_precision(dtype: torch.dtype) -> str | None:
-    """float32 dots in full precision (TF32 would miss the float32 tolerance); others the default."""
-    return "ieee" if dtype == torch.float32 else None
 
 
 @triton.jit  # type: ignore[untyped-decorator]
@@ -270,17 +264,6 @@ def _dq_kernel(  # type: ignore[no-untyped-def]
     tl.store(dq_ptr + offsets, (dq * scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
 
-def _mask_strides(mask: torch.Tensor | None, full: tuple[int, int, int, int]) -> tuple[int, ...]:
-    """``mask``'s element strides, 0 on its size-1 (broadcast) dims; all 0 without a mask."""
-    if mask is None:
-        return (0, 0, 0, 0)
-    if mask.dim() != 4 or any(size not in {1, n} for size, n in zip(mask.shape, full, strict=True)):
-        raise ValueError(f"attention mask of size {list(mask.shape)} does not broadcast to {list(full)}")
-    if not mask.is_floating_point():
-        raise ValueError(f"attention mask must be additive (floating point), got {mask.dtype}")
-    return tuple(0 if size == 1 else stride for size, stride in zip(mask.shape, mask.stride(), strict=True))
-
-
 def fused_attention_backward(
     saved: tuple[torch.Tensor, ...],
     mask: torch.Tensor | None,
@@ -311,7 +294,7 @@ def fused_attention_backward(
         raise ValueError(f"{heads} query heads do not split into groups over {kv_heads} kv heads")
     if causal not in {0, 1, 2}:
         raise ValueError(f"causal is 0 (none), 1 (top-left) or 2 (bottom-right), got {causal}")
-    strides = _mask_strides(mask, (batch, heads, seq_q, seq_kv))
+    strides = mask_strides(mask, (batch, heads, seq_q, seq_kv))
     block_q, block_kv = blocks
     head_pad = padded_head_dim(head_dim)
     delta = torch.empty_like(lse)
@@ -327,7 +310,7 @@ def fused_attention_backward(
         "BLOCK_KV": block_kv,
         "CAUSAL": causal != 0,
         "HAS_MASK": mask is not None,
-        "PRECISION": _dot_precision(q.dtype),
+        "PRECISION": dot_precision(q.dtype),
     }
     mask_or_q = q if mask is None else mask
     _dkdv_kernel[(triton.cdiv(seq_kv, block_kv), batch * kv_heads)](

@@ -34,7 +34,7 @@ MATMUL_GROUP_M = 8
 LOG2_E = math.log2(math.e)
 
 
-def _dot_precision(dtype: torch.dtype) -> str | None:
+def dot_precision(dtype: torch.dtype) -> str | None:
     """float32 dots in full precision (TF32 would miss the float32 tolerance); others the default."""
     return "ieee" if dtype == torch.float32 else None
 
@@ -264,7 +264,7 @@ def matmul(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         GROUP_M=MATMUL_GROUP_M,
-        PRECISION=_dot_precision(a.dtype),
+        PRECISION=dot_precision(a.dtype),
         **options,
     )
 
@@ -389,7 +389,7 @@ def _attention_kernel(  # type: ignore[no-untyped-def]
     tl.store(lse_ptr + rq, lse, mask=rq < seq_q)
 
 
-def _mask_strides(mask: torch.Tensor | None, full: tuple[int, int, int, int]) -> tuple[int, ...]:
+def mask_strides(mask: torch.Tensor | None, full: tuple[int, int, int, int]) -> tuple[int, ...]:
     """``mask``'s element strides, 0 on its size-1 (broadcast) dims; all 0 without a mask."""
     if mask is None:
         return (0, 0, 0, 0)
@@ -428,7 +428,7 @@ def fused_attention(
         raise ValueError(f"{heads} query heads do not split into groups over {kv_heads} kv heads")
     if causal not in {0, 1, 2}:
         raise ValueError(f"causal is 0 (none), 1 (top-left) or 2 (bottom-right), got {causal}")
-    strides = _mask_strides(mask, (batch, heads, seq_q, seq_kv))
+    strides = mask_strides(mask, (batch, heads, seq_q, seq_kv))
     block_q, block_kv = blocks
     grid = (triton.cdiv(seq_q, block_q), batch * heads)
     _attention_kernel[grid](
@@ -441,6 +441,6 @@ def fused_attention(
         BLOCK_KV=block_kv,
         CAUSAL=causal != 0,
         HAS_MASK=mask is not None,
-        PRECISION=_dot_precision(q.dtype),
+        PRECISION=dot_precision(q.dtype),
         **options,
     )  # fmt: skip
