@@ -44,7 +44,7 @@ from tiletune.tuner.measure.replay_bench import ReplayBench
 from tiletune.tuner.measure.result import outcome_of, validated_results
 
 BUNDLED = Path(__file__).resolve().parents[1] / "tests" / "data" / "replay"
-TOKEN = "replay-bench-admin-token-0123456789"
+TOKEN = "tt_replay-bench-admin-token-0123456789abcdefghijk"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -28,6 +28,7 @@ Imports httpx, pydantic and the wire schemas only.
 from __future__ import annotations
 
 import re
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
@@ -37,15 +38,18 @@ from pydantic import BaseModel, TypeAdapter
 
 from tiletune.client.wire import (
     LEASE_TOKEN_HEADER,
+    REQUEST_ID_HEADER,
     AskPublic,
     ClientStatsCreate,
     ClientStatsPublic,
     CompleteCreate,
     ConfigBundle,
+    ConfigsImportedPublic,
     ErrorBody,
     JobPublic,
     LeaseCreate,
     LeasePublic,
+    ListedWorkerPublic,
     LookupPublic,
     MissesCreate,
     MissesPublic,
@@ -59,6 +63,7 @@ from tiletune.client.wire import (
     TokenCreated,
     TokenPublic,
     TrialOutcome,
+    TrialPublic,
     ValidatedConfig,
     WorkerCreate,
     WorkerPublic,
@@ -142,16 +147,16 @@ class Call(Generic[R]):
     max_bytes: int | None = None
 
     def request_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``httpx.Client.request`` for this call."""
+        """Keyword arguments of ``httpx.Client.request`` for this call (each with a fresh request id:
+        the server logs it, so one attempt of a call can be found in the server's log)."""
         kwargs: dict[str, Any] = {}
-        headers = dict(self.headers or {})
+        headers = {**(self.headers or {}), REQUEST_ID_HEADER: uuid.uuid4().hex}
         if self.params is not None:
             kwargs["params"] = dict(self.params)
         if self.body is not None:
             kwargs["content"] = self.body.model_dump_json()
             headers["Content-Type"] = "application/json"
-        if headers:
-            kwargs["headers"] = headers
+        kwargs["headers"] = headers
         if self.timeout_s is not None:
             kwargs["timeout"] = self.timeout_s
         return kwargs
@@ -249,9 +254,40 @@ def sweeps(limit: int = 50, before: int | None = None) -> Call[list[SweepSummary
     return Call("GET", "/v1/sweeps", listing(SweepSummaryPublic, "a sweep list"), params)
 
 
+def cancel_sweep(sweep_id: int) -> Call[SweepPublic]:
+    """``POST /v1/sweeps/{id}/cancel`` (its submitter or an admin): every unfinished job cancelled."""
+    return Call("POST", f"/v1/sweeps/{sweep_id}/cancel", document(SweepPublic))
+
+
 def job(job_id: int) -> Call[JobPublic]:
     """``GET /v1/jobs/{id}``."""
     return Call("GET", f"/v1/jobs/{job_id}", document(JobPublic))
+
+
+def jobs(state: str | None = None, limit: int = 100, offset: int = 0) -> Call[list[JobPublic]]:
+    """``GET /v1/jobs?[state=]&limit=&offset=``: a page of jobs, newest first (``limit`` at most 1000)."""
+    params: dict[str, str | int] = {"limit": limit, "offset": offset}
+    if state is not None:
+        params["state"] = state
+    return Call("GET", "/v1/jobs", listing(JobPublic, "a job list"), params)
+
+
+def cancel_job(job_id: int) -> Call[JobPublic]:
+    """``POST /v1/jobs/{id}/cancel`` (its sweep's submitter or an admin); a finished job stays as it is."""
+    return Call("POST", f"/v1/jobs/{job_id}/cancel", document(JobPublic))
+
+
+def job_trials(job_id: int) -> Call[list[TrialPublic]]:
+    """``GET /v1/jobs/{id}/trials``: every trial of the job, in the order asked."""
+    return Call("GET", f"/v1/jobs/{job_id}/trials", listing(TrialPublic, "a trial list"))
+
+
+def workers(limit: int = 100, seen_within_s: float | None = None) -> Call[list[ListedWorkerPublic]]:
+    """``GET /v1/workers?limit=[&seen_within_s=]``: registered workers, the most recently seen first."""
+    params: dict[str, str | int] = {"limit": limit}
+    if seen_within_s is not None:
+        params["seen_within_s"] = repr(float(seen_within_s))
+    return Call("GET", "/v1/workers", listing(ListedWorkerPublic, "a worker list"), params)
 
 
 def lookup(
@@ -278,6 +314,13 @@ def configs(
     return Call(
         "GET", "/v1/configs", document(ConfigBundle), params, timeout_s=timeout_s, max_bytes=max_bytes
     )
+
+
+def import_configs(bundle: ConfigBundle, force: bool = False) -> Call[ConfigsImportedPublic]:
+    """``POST /v1/configs/import[?force=true]`` (admins): store a sealed bundle's entries (the server
+    checks each entry and the checksum; a refusal changes nothing)."""
+    params = {"force": "true"} if force else None
+    return Call("POST", "/v1/configs/import", document(ConfigsImportedPublic), params, body=bundle)
 
 
 #: An entity tag as RFC 9110 writes it (``"abc"``, ``W/"abc"``), or a bare token some servers send.

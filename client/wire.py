@@ -168,6 +168,10 @@ DEVICE_KINDS = ("cpu", "cuda", "npu")
 #: The header that carries a lease's fencing token in the worker protocol's calls.
 LEASE_TOKEN_HEADER = "X-Lease-Token"
 
+#: The header of a request's id: the client sends a fresh one with each call, the server echoes it
+#: (or the one it made) and writes it in every log line of the request.
+REQUEST_ID_HEADER = "X-Request-ID"
+
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
 #: Configs a worker asks per ``ask`` unless told otherwise (batched, and pipelined: see the worker).
@@ -457,6 +461,23 @@ class WorkerPublic(_Response):
     last_seen_at: datetime
 
 
+#: ``GET /v1/workers``: workers a page holds unless ``limit`` says otherwise, and at most.
+WORKERS_PAGE_DEFAULT = 100
+WORKERS_PAGE_MAX = 1000
+
+
+class ListedWorkerPublic(WorkerPublic):
+    """A worker as ``GET /v1/workers`` lists it: what it registered, when, and the jobs it holds now.
+
+    ``kernels``: the kernels it leases (empty: any); ``leased_jobs``: the ids of the jobs it holds
+    a live lease on (not ended, not expired) when the list was made.
+    """
+
+    kernels: list[str] = Field(default_factory=list)
+    registered_at: datetime | None = None
+    leased_jobs: list[int] = Field(default_factory=list)
+
+
 class LeaseCreate(_Request):
     """A worker asking for a job its chip can run."""
 
@@ -654,6 +675,12 @@ class ConfigBundle(_Response):
     def sealed(self) -> ConfigBundle:
         """This bundle with its checksum set."""
         return self.model_copy(update={"checksum": self.content_checksum()})
+
+
+class ConfigsImportedPublic(_Response):
+    """The answer to ``POST /v1/configs/import``: how many keys' best configs the bundle changed."""
+
+    changed: int
 
 
 class HistoryPoint(_Response):

@@ -21,5 +21,7 @@ Nothing imports it but its own entry points. Modules:
 - ``searches``: each running job's search in memory, rebuilt from its trials (their one record);
 - ``specs``: requests checked against the kernels' specs; ``errors``: errors with a code;
 - ``failpoints``: named seams where a test makes the server crash or fail on purpose;
+- ``logs``, ``request_ids``, ``tracing``: the processes' log lines (text or JSON), each request's
+  id and access line, and the optional OpenTelemetry traces;
 - ``cli``: the ``tiletune`` command (its own package; see its docstring).
 """

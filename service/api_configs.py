@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
 
 from tiletune.client.wire import ConfigBundle, HistoryPoint, LookupPublic
 from tiletune.service import configs
+from tiletune.service.database import Database
 from tiletune.service.dependencies import AdminDep, DatabaseDep, ReaderDep, reads_of
+from tiletune.service.errors import UnavailableError
 from tiletune.service.exports import accepts_gzip, not_modified
 from tiletune.service.specs import parse_key
 
@@ -18,6 +23,11 @@ router = APIRouter(tags=["configs"])
 
 ShapeQuery = Annotated[str, Query(description="dims as name=value pairs, e.g. m=64,n=64,k=64")]
 Match = Annotated[str, Query(description="loosest answer accepted: exact | nearest | default")]
+
+#: Seconds a readiness probe waits for the database's ``SELECT 1`` (probes time out at 4 s).
+READY_TIMEOUT_S = 2.0
+#: What a 503 of a probe that timed out asks callers to wait.
+READY_RETRY_AFTER_S = 2.0
 
 
 @router.get("/v1/configs/{kernel}", response_model=LookupPublic)
@@ -109,11 +119,18 @@ def livez() -> dict[str, str]:
     return {"status": "ok"}
 
 
+@router.get("/readyz")
+async def readyz(request: Request) -> dict[str, str]:
+    """``ok`` when the database answers ``SELECT 1`` within 2 s (a readiness probe); else 503
+    ``database_unavailable`` with ``Retry-After``. Reads no table: cheap at any size."""
+    await _ping_of(request).wait(READY_TIMEOUT_S)
+    return {"status": "ok"}
+
+
 @router.get("/healthz")
-def healthz(db: DatabaseDep) -> dict[str, str]:
-    """``ok`` when the database answers (readiness)."""
-    with db.read() as session:
-        configs.counts(session)
+async def healthz(request: Request) -> dict[str, str]:
+    """The same as ``/readyz`` (kept for probes and scripts written before it)."""
+    await _ping_of(request).wait(READY_TIMEOUT_S)
     return {"status": "ok"}
 
 
@@ -122,3 +139,43 @@ def metrics(request: Request, _reader: ReaderDep) -> Response:
     """The service's metrics in Prometheus' text format (see :mod:`tiletune.service.metrics`)."""
     body = request.app.state.services.metrics.exposition()
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+class DatabasePing:
+    """``SELECT 1`` on the app's read pool with at most one in flight: concurrent probes await the
+    same one, so a database that hangs holds one worker thread, never one per probe."""
+
+    def __init__(self, db: Database) -> None:
+        self.db = db
+        self._in_flight: asyncio.Future[None] | None = None
+
+    async def wait(self, timeout_s: float) -> None:
+        """Return when the database answered; its error as raised (the app answers 503), or
+        :class:`UnavailableError` after ``timeout_s`` (the ping goes on; the next probe awaits it)."""
+        ping = self._in_flight
+        if ping is None or ping.done() or ping.get_loop() is not asyncio.get_running_loop():
+            ping = self._in_flight = asyncio.ensure_future(run_in_threadpool(self._select_one))
+            ping.add_done_callback(_retrieve_error)
+        try:
+            await asyncio.wait_for(asyncio.shield(ping), timeout_s)
+        except TimeoutError:
+            message = f"the database did not answer within {timeout_s:g} s; try again"
+            raise UnavailableError(message, READY_RETRY_AFTER_S) from None
+
+    def _select_one(self) -> None:
+        with self.db.read() as session:
+            session.execute(text("SELECT 1"))
+
+
+def _retrieve_error(future: asyncio.Future[None]) -> None:
+    """Mark a ping's error as seen (a probe that timed out never awaited it)."""
+    if not future.cancelled():
+        future.exception()
+
+
+def _ping_of(request: Request) -> DatabasePing:
+    """The app's :class:`DatabasePing`, made at its first probe (one per app, on its event loop)."""
+    ping: DatabasePing | None = getattr(request.app.state, "database_ping", None)
+    if ping is None:
+        ping = request.app.state.database_ping = DatabasePing(request.app.state.services.db)
+    return ping

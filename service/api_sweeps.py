@@ -6,6 +6,7 @@ the sweep or an admin's; reading, a reader's (or none when reads are open).
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query
@@ -35,6 +36,7 @@ from tiletune.service.errors import InvalidInputError
 from tiletune.service.views import job_public, sweep_public, sweep_summaries, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
+log = logging.getLogger(__name__)
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
 Offset = Annotated[int, Query(ge=0, le=MAX_DB_INT)]
@@ -49,7 +51,10 @@ def submit_sweep(
     """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned are ``skipped``."""
     planned = jobs.plan_sweep(sweep, settings.max_jobs_per_sweep, settings.max_shape_bytes)
     with db.write() as session:
-        return jobs.create_sweep(session, sweep, planned, db.clock(), caller.token_id)
+        created = jobs.create_sweep(session, sweep, planned, db.clock(), caller.token_id)
+    jobs_by_state = ", ".join(f"{count} {state}" for state, count in created.counts.items())
+    log.info("sweep %d submitted by token %s: %s", created.id, caller.token_id, jobs_by_state or "no jobs")
+    return created
 
 
 @router.get("/sweeps")

@@ -3,7 +3,8 @@
 A lease's calls are ``/v1/lease/{heartbeat,ask,tell,complete,release}`` with the lease token in
 the ``X-Lease-Token`` header: no secret in a URL, so none in an access log.
 
-Every route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
+``GET /v1/workers`` lists the registered workers (a reader's token, or none when reads are open).
+Every other route needs a ``worker`` (or ``admin``) token; a lease is written to only with the token
 that registered its worker (403 otherwise). A worker token works for one chip: the one it was
 created for (``tiletune token create --role worker --chip NAME``), else the one it first
 registered; registering or leasing for another is 403 (an admin's token works for any).
@@ -13,28 +14,38 @@ under a lease that expired, ended or never existed; it changes nothing.
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
+from datetime import datetime, timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from tiletune.client.wire import (
     LEASE_TOKEN_HEADER,
     MAX_ASK,
     MAX_DB_INT,
     MAX_HOLDING,
+    WORKERS_PAGE_DEFAULT,
+    WORKERS_PAGE_MAX,
     AskPublic,
     CompleteCreate,
     JobPublic,
     LeaseCreate,
     LeasePublic,
+    ListedWorkerPublic,
     ReleaseCreate,
     TellCreate,
     TellPublic,
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service.dependencies import ProtocolDep, WorkerDep
+from tiletune.service.database import aware
+from tiletune.service.dependencies import DatabaseDep, ProtocolDep, ReaderDep, WorkerDep
+from tiletune.service.models import ChipRow, LeaseRow, SoftwareRow, WorkerRow
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 
@@ -46,6 +57,80 @@ def register_worker(worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerD
     403 for a chip other than the worker token's own (its first registration binds an unbound one).
     """
     return protocol.register(worker, caller)
+
+
+WorkersLimit = Annotated[int, Query(ge=1, le=WORKERS_PAGE_MAX, description="the most workers listed")]
+#: The longest ``seen_within_s`` (a year): a bound on the input, not on what a fleet keeps.
+MAX_SEEN_WITHIN_S = 366 * 24 * 3600.0
+SeenWithin = Annotated[
+    float | None,
+    Query(
+        gt=0,
+        le=MAX_SEEN_WITHIN_S,
+        allow_inf_nan=False,
+        description="only workers seen (registered, leased, heartbeat) within this many seconds",
+    ),
+]
+
+
+@router.get("/workers")
+def list_workers(
+    db: DatabaseDep,
+    _reader: ReaderDep,
+    limit: WorkersLimit = WORKERS_PAGE_DEFAULT,
+    seen_within_s: SeenWithin = None,
+) -> list[ListedWorkerPublic]:
+    """Registered workers, the most recently seen first, each with its chip, backends, kernels,
+    software and the jobs it holds a live lease on now.
+
+    Every start of a worker process registers a new worker, so the list holds past ones too:
+    ``seen_within_s`` keeps those seen within that many seconds (e.g. the lease time: the live
+    fleet). ``limit``: at most this many (default 100, at most 1000).
+    """
+    now = db.clock()
+    since = now - timedelta(seconds=seen_within_s) if seen_within_s is not None else None
+    with db.read() as session:
+        return _listed_workers(session, limit, since, now)
+
+
+def _listed_workers(
+    session: Session, limit: int, since: datetime | None, now: datetime
+) -> list[ListedWorkerPublic]:
+    """The rows of :func:`list_workers`: workers and chips and software, then their live leases."""
+    query = (
+        select(WorkerRow, ChipRow.name, SoftwareRow.fingerprint)
+        .join(ChipRow, ChipRow.id == WorkerRow.chip_id)
+        .join(SoftwareRow, SoftwareRow.id == WorkerRow.software_id)
+        .order_by(WorkerRow.last_seen_at.desc(), WorkerRow.id.desc())
+        .limit(limit)
+    )
+    if since is not None:
+        query = query.where(WorkerRow.last_seen_at >= since)
+    rows = session.execute(query).all()
+    leased: defaultdict[int, list[int]] = defaultdict(list)
+    if rows:
+        live = (
+            select(LeaseRow.worker_id, LeaseRow.job_id)
+            .where(LeaseRow.worker_id.in_([worker.id for worker, _, _ in rows]))
+            .where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at > now)
+            .order_by(LeaseRow.job_id)
+        )
+        for worker_id, job_id in session.execute(live):
+            leased[worker_id].append(job_id)
+    return [
+        ListedWorkerPublic(
+            id=worker.id,
+            name=worker.name,
+            chip=chip,
+            backends=list(worker.backends),
+            kernels=list(worker.kernels),
+            software=json.loads(fingerprint),
+            registered_at=aware(worker.registered_at),
+            last_seen_at=aware(worker.last_seen_at),
+            leased_jobs=leased[worker.id],
+        )
+        for worker, chip, fingerprint in rows
+    ]
 
 
 @router.post(

@@ -5,11 +5,14 @@ settings (nothing at import time), mounts the ``/v1`` routers, turns every
 :class:`~tiletune.service.errors.ServiceError` and validation error into a
 JSON ``ErrorBody`` (validation errors name the field; a 405 names the path's methods in
 ``Allow``), guards request bodies (:mod:`tiletune.service.bodies`: a cap per route under
-``max_body_bytes``, a deadline, large ones checked off the event loop), and, while serving,
-returns the jobs of expired leases to the queue every ``reap_interval_s``.
+``max_body_bytes``, a deadline, large ones checked off the event loop), gives every request an
+id and an access line (:mod:`tiletune.service.request_ids`), traces when configured
+(:mod:`tiletune.service.tracing`), and, while serving, returns the jobs of expired leases to
+the queue every ``reap_interval_s``.
 
 The schema is not created here: ``tiletune server`` runs the migrations
-first (:func:`tiletune.service.migrate.upgrade`).
+first (:func:`tiletune.service.migrate.upgrade`), or ``tiletune migrate`` did before a
+``tiletune server --no-migrate``.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import compile_path
 
-from tiletune.client.wire import ErrorBody
-from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard
+from tiletune.client.wire import REQUEST_ID_HEADER, ErrorBody
+from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard, tracing
 from tiletune.service.auth import Identity, Tokens
 from tiletune.service.bodies import BodyGuard
 from tiletune.service.body_json import error_field_and_message, not_json_message
@@ -47,6 +50,7 @@ from tiletune.service.protocol import WorkerProtocol
 from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.reads import Reads
+from tiletune.service.request_ids import RequestIds, current_request_id
 from tiletune.service.searches import SearchHost
 from tiletune.service.settings import Settings
 
@@ -118,9 +122,11 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         ),
     )
     tokens = Tokens(db)
-    metrics = ServiceMetrics(db, online_s=settings.lease_s)
-    if settings.admin_token is not None and settings.admin_token.get_secret_value():
+    metrics = ServiceMetrics(db, online_s=settings.lease_s, db_url=settings.db_url)
+    if settings.admin_token is not None:  # first: the database's first admin, if it has none
         tokens.bootstrap(settings.admin_token.get_secret_value())
+    if settings.worker_token is not None:
+        tokens.provision_worker(settings.worker_token.get_secret_value())
     return Services(
         settings,
         db,
@@ -171,6 +177,8 @@ def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper:
         authenticate=authenticate_caller,
     )
     app.add_middleware(RequestTimer, metrics=services.metrics)
+    app.add_middleware(RequestIds)  # outermost of ours: the id is set for everything inside
+    app.state.tracing = tracing.instrument(app, services.db, services.settings.otel)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -197,6 +205,7 @@ def _lifespan(services: Services, reaper: bool) -> Callable[[FastAPI], AbstractA
         if thread is not None:
             thread.join(timeout=5)
         watcher.join(timeout=5)
+        services.metrics.close()  # another replica exports the store's gauges from now on
 
     return lifespan
 
@@ -282,7 +291,10 @@ async def _internal_error(request: Request, error: Exception) -> Response:
     """A bug: 500 ``internal_error`` naming the exception's type (never its text: it may hold data)."""
     where = f"{request.method} {request.url.path}"
     message = f"internal error ({type(error).__name__}) in {where}; see the server's log"
-    return JSONResponse(ErrorBody(code="internal_error", message=message).model_dump(), status_code=500)
+    request_id = current_request_id.get()  # still set: the request raised (tiletune.service.request_ids)
+    headers = {REQUEST_ID_HEADER: request_id} if request_id else None
+    body = ErrorBody(code="internal_error", message=message).model_dump()
+    return JSONResponse(body, status_code=500, headers=headers)
 
 
 async def _database_error(request: Request, error: Exception) -> Response:

@@ -10,10 +10,16 @@
 - Reads (lookups, exports, history, sweeps, jobs, misses, metrics) need a token unless
   ``Settings.open_reads`` (the command line opens them on a loopback address); a token that
   is presented must be valid all the same.
-- The first admin token of an empty database comes from ``TILETUNE_ADMIN_TOKEN`` (a
+- The first admin token of a database without one comes from ``TILETUNE_ADMIN_TOKEN`` (a
   deployment's secret) or is made and shown once by ``tiletune server`` (:meth:`Tokens.bootstrap`).
-  A database that has tokens already keeps them: a ``TILETUNE_ADMIN_TOKEN`` it does not know
-  (or has revoked) is ignored, with a warning in the log at start (never the token).
+  A database that has an admin token already (live or revoked) keeps its tokens: a
+  ``TILETUNE_ADMIN_TOKEN`` it does not know (or has revoked) is ignored, with a warning in the
+  log at start (never the token).
+- ``TILETUNE_WORKER_TOKEN`` (a deployment's secret for its workers) becomes the worker token
+  ``deploy-worker`` of every chip at start unless a token with its digest exists, live or revoked:
+  a revoked one is never made again (:meth:`Tokens.provision_worker`).
+- Both must be generated tokens (:mod:`tiletune.service.token_strength`; the settings refuse
+  others), and so is every token made here.
 
 Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
 seen at once, in another within ``cache_s``), so a lookup does not query the tokens table.
@@ -31,19 +37,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
-from tiletune.client.wire import Role, TokenCreated, TokenPublic
+from tiletune.client.wire import ANY_CHIP, Role, TokenCreated, TokenPublic
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from tiletune.service.models import TokenRow
+from tiletune.service.token_strength import TOKEN_PREFIX, token_weakness
 
 log = logging.getLogger(__name__)
 
-TOKEN_PREFIX = "tt_"
 #: Random bytes of a token's secret.
 TOKEN_BYTES = 32
 #: Seconds a verified token is remembered by a replica.
 TOKEN_CACHE_S = 5.0
+#: The name of the worker token of ``TILETUNE_WORKER_TOKEN``.
+DEPLOY_WORKER_NAME = "deploy-worker"
 
 
 @dataclass(frozen=True)
@@ -70,8 +79,12 @@ ANONYMOUS = Identity(None, "anonymous", None)
 
 
 def new_secret() -> str:
-    """A fresh token: the prefix and 256 random bits."""
-    return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+    """A fresh token: the prefix and 256 random bits, a generated token by
+    :func:`~tiletune.service.token_strength.token_weakness` (drawn again in the rare case it is not)."""
+    while True:
+        secret = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
+        if token_weakness(secret) is None:
+            return secret
 
 
 def digest(secret: str) -> str:
@@ -143,14 +156,23 @@ class Tokens:
         return public
 
     def bootstrap(self, admin_secret: str | None) -> str | None:
-        """Give an empty database its first admin token: ``admin_secret``, else a new one.
+        """Give a database without an admin token its first one: ``admin_secret``, else a new one.
 
         Returns the secret when it was made here (to be shown once), else ``None``. A database
-        that has tokens already is left as it is: an ``admin_secret`` that is not one of its
-        tokens, or is revoked, is ignored, and a warning says so (never the secret itself).
+        that has an admin token (live or revoked) is left as it is: an ``admin_secret`` that is
+        not one of its tokens, or is revoked, is ignored, and a warning says so (never the secret
+        itself). Replicas starting together with the same ``admin_secret`` make one row (the
+        digest is unique: the others find it).
         """
+        try:
+            return self._bootstrap(admin_secret)
+        except IntegrityError:  # another replica stored the same secret first
+            return self._bootstrap(admin_secret)
+
+    def _bootstrap(self, admin_secret: str | None) -> str | None:
         with self.db.write() as session:
-            if session.scalar(select(func.count()).select_from(TokenRow)):
+            admins = select(func.count()).select_from(TokenRow).where(TokenRow.role == Role.ADMIN)
+            if session.scalar(admins):
                 if admin_secret:
                     _warn_if_unusable(
                         session.scalar(select(TokenRow).where(TokenRow.digest == digest(admin_secret)))
@@ -160,6 +182,39 @@ class Tokens:
             row = TokenRow(name="admin", role=Role.ADMIN, digest=digest(secret), created_at=self.db.clock())
             session.add(row)
         return None if admin_secret else secret
+
+    def provision_worker(self, worker_secret: str) -> TokenPublic | None:
+        """Make ``worker_secret`` the worker token :data:`DEPLOY_WORKER_NAME` of every chip (``*``),
+        unless a token with its digest exists, live or revoked; returns the token made, else ``None``.
+
+        Idempotent across restarts, and across replicas starting together (the digest is unique:
+        the one that loses the race finds the winner's row). A revoked one is not made again, and
+        one of another role is left as it is; a warning says so (never the secret).
+        """
+        try:
+            return self._provision_worker(worker_secret)
+        except IntegrityError:  # another replica stored it first
+            return self._provision_worker(worker_secret)
+
+    def _provision_worker(self, worker_secret: str) -> TokenPublic | None:
+        stored = digest(worker_secret)
+        with self.db.write() as session:
+            row = session.scalar(select(TokenRow).where(TokenRow.digest == stored))
+            if row is not None:
+                _warn_if_not_a_live_worker(row)
+                return None
+            row = TokenRow(
+                name=DEPLOY_WORKER_NAME,
+                role=Role.WORKER,
+                digest=stored,
+                created_at=self.db.clock(),
+                chip_name=ANY_CHIP,
+            )
+            session.add(row)
+            session.flush()
+            public = _public(row)
+        log.info("TILETUNE_WORKER_TOKEN is now the worker token %r (id %d) of every chip", row.name, row.id)
+        return public
 
     def remembered(self, secret: str) -> Identity | None:
         """The identity of a token verified within ``cache_s``, else ``None`` (never the database)."""
@@ -188,11 +243,30 @@ def _warn_if_unusable(row: TokenRow | None) -> None:
     if row is None:
         log.warning(
             "TILETUNE_ADMIN_TOKEN is ignored: the database has tokens already and this is not one of "
-            "them (it is used only to give an empty database its first admin token); sign in with an "
+            "them (it only gives a database without an admin token its first); sign in with an "
             "existing admin token, or create one with `tiletune token create --role admin`"
         )
     elif row.revoked_at is not None:
         log.warning("TILETUNE_ADMIN_TOKEN is ignored: it is the token %r (id %d), revoked", row.name, row.id)
+
+
+def _warn_if_not_a_live_worker(row: TokenRow) -> None:
+    """Warn that ``TILETUNE_WORKER_TOKEN`` is a revoked token, or one of another role."""
+    if row.revoked_at is not None:
+        log.warning(
+            "TILETUNE_WORKER_TOKEN is ignored: it is the token %r (id %d), revoked; it is not made "
+            "again: give the workers and the server a new one",
+            row.name,
+            row.id,
+        )
+    elif row.role != Role.WORKER:
+        log.warning(
+            "TILETUNE_WORKER_TOKEN is the token %r (id %d), a %s token: workers using it act as %s",
+            row.name,
+            row.id,
+            row.role,
+            row.role,
+        )
 
 
 def require(identity: Identity, role: Role) -> Identity:

@@ -18,8 +18,26 @@ in tests, never share counts). What it exposes, per replica:
   in-process caches and defaults, no server lookup), by answer (``exact``, ``nearest``,
   ``default``), as clients report them (``POST /v1/client-stats``); with the lookups, every
   launch of the clients that report;
-- read from the store at each scrape: ``tiletune_jobs`` (gauge, by state),
-  ``tiletune_workers_online`` (seen within the lease time), ``tiletune_best_configs``.
+- the process's own: ``process_*`` (CPU seconds, resident and virtual memory, open file
+  descriptors, start time), ``python_info`` and ``python_gc_*`` (``prometheus-client``'s process,
+  platform and GC collectors, on the app's registry);
+- the store's gauges, read from the database at each scrape: ``tiletune_jobs`` (by state),
+  ``tiletune_workers_online`` (seen within the lease time), ``tiletune_best_configs``; with
+  ``tiletune_store_gauges_exporter``: 1 when this scrape carries them, else 0.
+
+Store gauges from one place. They describe the shared database, not the replica, so exactly one
+replica exports them at a time and a sum over replicas counts each once (the counters and
+histograms above are per replica and come from every one). On PostgreSQL the exporter is the
+replica whose dedicated connection (opened at its first scrape, kept, in autocommit) holds the
+session-level advisory lock :data:`STORE_GAUGES_LOCK_KEY` (taken with ``pg_try_advisory_lock``;
+not the migrations' key). The others try again at each of their scrapes, so when the exporter
+dies (its connection closes and PostgreSQL releases the lock) or stops (the app's shutdown
+closes it), the next replica scraped takes over. A replica whose database cannot be reached
+exports ``tiletune_store_gauges_exporter 0`` and its process's metrics, never a 5xx. On SQLite
+there is one server: it always exports them.
+
+Dashboards: sum the store gauges over replicas (or filter on ``tiletune_store_gauges_exporter
+== 1``); ``sum(tiletune_store_gauges_exporter)`` is 1 while one replica exports them.
 
 No label holds a shape, a config, a token or a name a caller chose: routes are templates, the
 other labels closed vocabularies.
@@ -27,19 +45,33 @@ other labels closed vocabularies.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timedelta
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
-from sqlalchemy import func, select
+from sqlalchemy import Connection, Engine, func, pool, select, text
+from sqlalchemy.exc import SQLAlchemyError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from tiletune.service import configs
-from tiletune.service.database import Database, aware
+from tiletune.service.database import Database, aware, is_sqlite, make_engine
 from tiletune.service.models import WorkerRow
+
+log = logging.getLogger(__name__)
 
 #: The answers a lookup is counted under.
 LOOKUP_ANSWERS = ("exact", "nearest", "default", "none")
@@ -50,12 +82,22 @@ CLIENT_ANSWERS = ("exact", "nearest", "default")
 #: Job run times and queue waits span seconds to days.
 JOB_SECONDS_BUCKETS = (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 24 * 3600, float("inf"))
 
+#: PostgreSQL advisory lock key held by the replica that exports the store's gauges ("ttgauges" in
+#: ASCII; the migrations hold :data:`tiletune.service.migrate.MIGRATION_LOCK_KEY`).
+STORE_GAUGES_LOCK_KEY = 0x7474676175676573
+
+#: Seconds the exporter's dedicated connection may take to connect (a scrape must not hang).
+STORE_LOCK_CONNECT_TIMEOUT_S = 3
+
 
 class ServiceMetrics:
     """The app's metrics (see the module docstring); :meth:`exposition` is the ``/metrics`` body."""
 
-    def __init__(self, db: Database, online_s: float) -> None:
+    def __init__(self, db: Database, online_s: float, db_url: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.requests = Histogram(
             "tiletune_request_seconds",
             "Request latency by route template, method and status",
@@ -98,7 +140,8 @@ class ServiceMetrics:
         )
         for answer in CLIENT_ANSWERS:  # every answer shows from the start, at 0
             self.client_answers.labels(answer)
-        self.registry.register(_StoreCollector(db, online_s))
+        self.store_lock = StoreGaugesLock(db_url)
+        self.registry.register(_StoreCollector(db, online_s, self.store_lock))
 
     def lookup(self, answer: str) -> None:
         """Count one lookup answered ``exact``, ``nearest``, ``default`` or ``none``."""
@@ -127,25 +170,133 @@ class ServiceMetrics:
         """The metrics in Prometheus' text format (reads the store: call it off the event loop)."""
         return generate_latest(self.registry)
 
+    def close(self) -> None:
+        """Give up exporting the store's gauges (the app's shutdown): another replica takes over."""
+        self.store_lock.close()
+
+
+class StoreGaugesLock:
+    """Whether this replica exports the store's gauges (see the module docstring).
+
+    :meth:`held` is True on SQLite; on PostgreSQL while this replica's dedicated connection holds
+    the advisory lock :data:`STORE_GAUGES_LOCK_KEY`, which it tries to take when it does not.
+    Thread-safe (scrapes run in worker threads); a database error makes it False for that call
+    and drops the connection (the next call connects again).
+    """
+
+    def __init__(self, db_url: str) -> None:
+        self._url = db_url
+        self._postgres = not is_sqlite(db_url)
+        self._engine: Engine | None = None
+        self._connection: Connection | None = None
+        self._held = False
+        self._closed = False
+        self._mutex = threading.Lock()
+
+    def held(self) -> bool:
+        """True when this replica exports the store's gauges now (may connect and try the lock)."""
+        if not self._postgres:
+            return True
+        with self._mutex:
+            if self._closed:
+                return False
+            if self._held and not self._still_connected():
+                self._drop()  # the lock went with the connection: try for it again at once
+            if not self._held:
+                self._held = self._try_lock()
+            return self._held
+
+    def close(self) -> None:
+        """Release the lock (close the dedicated connection); :meth:`held` is False from now on."""
+        with self._mutex:
+            self._closed = True
+            self._drop()
+
+    def _still_connected(self) -> bool:
+        assert self._connection is not None
+        try:
+            self._connection.execute(text("SELECT 1"))
+        except SQLAlchemyError:
+            return False
+        return True
+
+    def _try_lock(self) -> bool:
+        try:
+            if self._connection is None:
+                if self._engine is None:
+                    self._engine = make_engine(
+                        self._url,
+                        poolclass=pool.NullPool,
+                        isolation_level="AUTOCOMMIT",
+                        connect_args={"connect_timeout": STORE_LOCK_CONNECT_TIMEOUT_S},
+                    )
+                self._connection = self._engine.connect()
+            statement = text("SELECT pg_try_advisory_lock(:key)")
+            return bool(self._connection.scalar(statement, {"key": STORE_GAUGES_LOCK_KEY}))
+        except SQLAlchemyError as error:
+            log.warning("cannot try the store gauges' lock: %s", type(error).__name__)
+            self._drop()
+            return False
+
+    def _drop(self) -> None:
+        self._held = False
+        if self._connection is not None:
+            with contextlib.suppress(SQLAlchemyError):  # a dead one: closing it was all there was to do
+                self._connection.close()
+            self._connection = None
+        if self._closed and self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
 
 class _StoreCollector(Collector):
-    """Gauges read from the store at each scrape: jobs by state, workers online, best configs."""
+    """The store's gauges (jobs by state, workers online, best configs) on the exporting replica, read
+    at each scrape; and ``tiletune_store_gauges_exporter`` on every replica."""
 
-    def __init__(self, db: Database, online_s: float) -> None:
+    def __init__(self, db: Database, online_s: float, lock: StoreGaugesLock) -> None:
         self.db = db
         self.online_s = online_s
+        self.lock = lock
+
+    def describe(self) -> Iterator[GaugeMetricFamily]:
+        """The families, without reading the store (the registry's check for duplicate names)."""
+        yield from self._families(({}, 0, 0))
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        counts = None
+        if self.lock.held():
+            try:
+                counts = self._read()
+            except SQLAlchemyError as error:
+                log.warning("cannot read the store's gauges: %s", type(error).__name__)
+        yield from self._families(counts)
+
+    def _read(self) -> tuple[dict[str, int], int, int]:
+        """Jobs by state, workers online and best configs, as the store has them now."""
         since = self.db.clock() - timedelta(seconds=self.online_s)
         with self.db.read() as session:
             counts = configs.counts(session)
             online = session.scalar(select(func.count()).where(WorkerRow.last_seen_at >= since)) or 0
-        jobs = GaugeMetricFamily("tiletune_jobs", "Jobs by state", labels=["state"])
-        for state, count in sorted(counts["jobs"].items()):
-            jobs.add_metric([state], count)
-        yield jobs
-        yield GaugeMetricFamily("tiletune_workers_online", "Workers seen within the lease time", value=online)
-        yield GaugeMetricFamily("tiletune_best_configs", "Best configs stored", value=counts["best_configs"])
+        return counts["jobs"], online, counts["best_configs"]
+
+    @staticmethod
+    def _families(counts: tuple[dict[str, int], int, int] | None) -> Iterator[GaugeMetricFamily]:
+        """The gauges of ``counts`` (none when ``None``: not the exporter), then the exporter's flag."""
+        if counts is not None:
+            jobs_by_state, online, best_configs = counts
+            jobs = GaugeMetricFamily("tiletune_jobs", "Jobs by state", labels=["state"])
+            for state, count in sorted(jobs_by_state.items()):
+                jobs.add_metric([state], count)
+            yield jobs
+            yield GaugeMetricFamily(
+                "tiletune_workers_online", "Workers seen within the lease time", value=online
+            )
+            yield GaugeMetricFamily("tiletune_best_configs", "Best configs stored", value=best_configs)
+        yield GaugeMetricFamily(
+            "tiletune_store_gauges_exporter",
+            "1 when this replica's scrape carries the store's gauges (one replica at a time), else 0",
+            value=0 if counts is None else 1,
+        )
 
 
 class RequestTimer:

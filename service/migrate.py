@@ -10,7 +10,9 @@ Contract:
 - :func:`downgrade` goes back to a revision; ``"base"`` drops every table of
   ours and leaves the (empty) version table.
 - :func:`current_revision` is the database's revision, ``None`` when it has
-  never been migrated (or was downgraded to base).
+  never been migrated (or was downgraded to base); :func:`head_revision` the
+  installed scripts' newest; :func:`revisions` both, read without any DDL (what
+  ``tiletune migrate --check`` and ``tiletune server --no-migrate`` compare).
 - :func:`drift` lists the differences between the database and
   ``Base.metadata`` as Alembic's autogenerate sees them (types compared);
   empty means the schema is what the models expect.
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -63,14 +66,30 @@ def script_location() -> Path:
     return location
 
 
-def alembic_config(url: str) -> Config:
-    """An Alembic config for the database at ``url``, built in code from the installed scripts."""
+def alembic_config(url: str | None = None) -> Config:
+    """An Alembic config for the database at ``url`` (none: the scripts alone), built in code from the
+    installed scripts."""
     config = Config()
     # Config options are interpolated by configparser: a literal % is written %%.
     config.set_main_option("script_location", str(script_location()).replace("%", "%%"))
     config.set_main_option("path_separator", "os")
-    config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
+    if url is not None:
+        config.set_main_option("sqlalchemy.url", normalize_url(url).replace("%", "%%"))
     return config
+
+
+@dataclass(frozen=True)
+class Revisions:
+    """Where a database's schema is (``current``: ``None`` when never migrated) and where this
+    release's scripts end (``head``)."""
+
+    current: str | None
+    head: str
+
+    @property
+    def at_head(self) -> bool:
+        """True when the schema is the one this release's models expect."""
+        return self.current == self.head
 
 
 def include_name(name: str | None, type_: NameFilterType, parent_names: NameFilterParentNames) -> bool:
@@ -97,6 +116,19 @@ def current_revision(url: str) -> str | None:
     if len(heads) > 1:
         raise RuntimeError(f"the database has several heads: {sorted(heads)}")
     return next(iter(heads), None)
+
+
+def head_revision() -> str:
+    """The newest revision of the installed scripts."""
+    heads = ScriptDirectory.from_config(alembic_config()).get_heads()
+    if len(heads) != 1:
+        raise RuntimeError(f"the migration scripts have {len(heads)} heads: {sorted(heads)}")
+    return heads[0]
+
+
+def revisions(url: str) -> Revisions:
+    """The database's revision and the scripts' head; reads the version table only."""
+    return Revisions(current_revision(url), head_revision())
 
 
 def drift(url: str) -> list[Any]:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import ipaddress
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiletune.service.database import default_url
+from tiletune.service.token_strength import token_weakness, weak_token_message
 
 #: The longest a browser session may be allowed to last (30 days).
 MAX_SESSION_S = 30 * 24 * 3600.0
@@ -40,8 +41,15 @@ class Settings(BaseSettings):
     - ``demand_jobs_per_chip_hour``: the demand budget, the most jobs misses may queue on one
       chip in any hour, counted in the store across replicas (the most missed keys first; 0
       turns demand-driven tuning off);
-    - ``admin_token``: the first admin token of an empty database (a deployment's secret;
+    - ``admin_token``: the first admin token of a database without one (a deployment's secret;
       without it ``tiletune server`` makes one and shows it once);
+    - ``worker_token``: a deployment's secret for its workers (their ``TILETUNE_TOKEN``): made the
+      worker token ``deploy-worker`` of every chip at start unless the database has it, live or
+      revoked (a revoked one is never made again; see ``tiletune.service.auth``). To rotate it,
+      start the server with the new one, move the workers, then revoke the old;
+    - ``admin_token`` and ``worker_token`` must be generated tokens, ``tt_`` and 32 or more random
+      characters (``tiletune.service.token_strength``; placeholders such as ``CHANGE-ME`` are
+      refused), and differ; empty is unset;
     - ``open_reads``: reads need no token (``None``: ``tiletune server`` opens them on a
       loopback address only; an app made in code keeps them closed);
     - ``workers_create_chips``: a worker token may register a chip nobody registered yet
@@ -59,10 +67,14 @@ class Settings(BaseSettings):
       take to send a request's head (closed beyond; ``tiletune server`` only);
     - ``auth_failures_per_s`` and ``auth_failure_burst``: the failed authentications (unknown
       or revoked tokens) each client address may make (429 ``rate_limited`` beyond, before
-      the token is looked up; 0: no limit).
+      the token is looked up; 0: no limit);
+    - ``otel``: OpenTelemetry traces of the requests, their SQL and httpx calls
+      (``tiletune.service.tracing``; the ``otel`` extra): ``None`` (unset) traces when
+      ``$OTEL_EXPORTER_OTLP_ENDPOINT`` is set, ``True`` always, ``False`` never.
     """
 
-    model_config = SettingsConfigDict(env_prefix="TILETUNE_")
+    # No setting's value in an error: the tokens and the database URL's password are secrets.
+    model_config = SettingsConfigDict(env_prefix="TILETUNE_", hide_input_in_errors=True)
 
     db_url: str = Field(default_factory=default_url)
     lease_s: float = Field(default=60.0, gt=0)
@@ -80,6 +92,7 @@ class Settings(BaseSettings):
     miss_report_burst: int = Field(default=30, ge=1)
     demand_jobs_per_chip_hour: int = Field(default=20, ge=0, le=100_000)
     admin_token: SecretStr | None = None
+    worker_token: SecretStr | None = None
     open_reads: bool | None = None
     workers_create_chips: bool = True
     session_idle_s: float = Field(default=2 * 3600.0, gt=0, le=MAX_SESSION_S)
@@ -89,6 +102,21 @@ class Settings(BaseSettings):
     head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     auth_failures_per_s: float = Field(default=1.0, ge=0)
     auth_failure_burst: int = Field(default=60, ge=1)
+    otel: bool | None = None
+
+    @field_validator("admin_token", "worker_token")
+    @classmethod
+    def _generated(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
+        """A generated token (see ``tiletune.service.token_strength``), never quoted when refused; empty
+        is unset; the worker's must not be the admin's."""
+        if value is None or not value.get_secret_value():
+            return None
+        weakness = token_weakness(value.get_secret_value())
+        if weakness is not None:
+            raise ValueError(weak_token_message(weakness))
+        if info.field_name == "worker_token" and info.data.get("admin_token") == value:
+            raise ValueError("must differ from the admin token (workers act as admins)")
+        return value
 
     @field_validator("forwarded_allow_ips")
     @classmethod

@@ -11,6 +11,13 @@ Exit statuses (mapped from exceptions in one place, :func:`tiletune.service.cli.
   unreachable or failing server, a refused worker, a failed job);
 - :data:`EXIT_BAD_INPUT` (2): bad input, here or as the server judged it (a 4xx);
 - :data:`EXIT_INTERRUPTED` (130): stopped by Ctrl-C before the work was done.
+
+:data:`EXIT_STATUSES` says so in ``tiletune --help`` (:func:`exit_status_help`); every
+subcommand's help points there (:func:`point_at_exit_statuses`).
+
+The bearer token (:func:`server_token`): ``--token-file PATH``, else ``--token``, else
+``$TILETUNE_TOKEN_FILE``, else ``$TILETUNE_TOKEN``. A file keeps the secret off the command
+line, where any user of the machine sees it (``ps``).
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import argparse
 import json
 import os
 import sys
+import textwrap
+from pathlib import Path
 from typing import Any, TypeAlias
 
 import httpx
@@ -30,8 +39,30 @@ EXIT_FAILURE = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
 
+#: What each exit status means, for ``tiletune --help`` (the one place it is written).
+EXIT_STATUSES: tuple[tuple[int, str], ...] = (
+    (0, "success"),
+    (
+        EXIT_FAILURE,
+        "the work could not be done: the server is unreachable, answers 5xx or something that is "
+        "not the API, refuses a worker, a job of a waited-for sweep failed, a local worker or port "
+        "failure, or a library the command needs is not installed (the message names the extra)",
+    ),
+    (
+        EXIT_BAD_INPUT,
+        "bad input, here or as the server judged it (any 4xx: its message names the field); "
+        "nothing was changed",
+    ),
+    (EXIT_INTERRUPTED, "interrupted (Ctrl-C) before the work was done"),
+)
+#: The help's pointer from every subcommand to :data:`EXIT_STATUSES`.
+EXIT_STATUS_POINTER = "Exit statuses: see `tiletune --help`."
+
 SERVER_ENV = "TILETUNE_SERVER"
 TOKEN_ENV = "TILETUNE_TOKEN"
+TOKEN_FILE_ENV = "TILETUNE_TOKEN_FILE"
+#: The most bytes a token file may hold (a token is under 100 characters).
+MAX_TOKEN_FILE_BYTES = 4096
 
 #: The subcommands of a parser (argparse names no public type for it).
 Commands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -64,21 +95,81 @@ def server_url(args: argparse.Namespace) -> str:
     return url
 
 
-def server_token(args: argparse.Namespace) -> str | None:
-    """``--token``, else ``$TILETUNE_TOKEN``, else none."""
-    token: str | None = args.token or os.environ.get(TOKEN_ENV)
+def exit_status_help(width: int = 78) -> str:
+    """The exit statuses and what each means, one indented entry each, for an epilog."""
+    lines = ["exit status:"]
+    for status, meaning in EXIT_STATUSES:
+        entry = textwrap.wrap(meaning, width - 10) or [""]
+        lines.append(f"  {status:<6}{entry[0]}")
+        lines += [" " * 8 + rest for rest in entry[1:]]
+    return "\n".join(lines)
+
+
+def point_at_exit_statuses(parser: argparse.ArgumentParser) -> None:
+    """Append :data:`EXIT_STATUS_POINTER` to the epilog of every subcommand under ``parser``."""
+    for action in parser._actions:  # argparse keeps its subcommands only here
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # an alias maps to the same parser
+                sub.epilog = f"{sub.epilog} {EXIT_STATUS_POINTER}" if sub.epilog else EXIT_STATUS_POINTER
+                point_at_exit_statuses(sub)
+
+
+def read_token_file(path: str) -> str:
+    """The token in the file at ``path``, whitespace around it stripped; :class:`BadInputError`
+    (field ``token-file``) when it cannot be read, is empty, too large or more than one word."""
+    try:
+        with Path(path).open("rb") as handle:
+            raw = handle.read(MAX_TOKEN_FILE_BYTES + 1)
+    except OSError as error:
+        raise BadInputError("token-file", f"cannot read {path!r}: {error.strerror or error}") from None
+    if len(raw) > MAX_TOKEN_FILE_BYTES:
+        raise BadInputError(
+            "token-file", f"{path!r} holds more than {MAX_TOKEN_FILE_BYTES} bytes: not a token"
+        )
+    try:
+        token = raw.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise BadInputError("token-file", f"{path!r} is not UTF-8 text") from None
+    if not token:
+        raise BadInputError("token-file", f"{path!r} is empty")
+    if any(char.isspace() or not char.isprintable() for char in token):
+        raise BadInputError("token-file", f"{path!r} must hold one token (no spaces or line breaks inside)")
     return token
 
 
+def server_token(args: argparse.Namespace) -> str | None:
+    """``--token-file``, else ``--token``, else ``$TILETUNE_TOKEN_FILE``, else ``$TILETUNE_TOKEN``,
+    else none; a token file as :func:`read_token_file` reads it."""
+    token_file: str | None = getattr(args, "token_file", None)
+    if token_file:
+        return read_token_file(token_file)
+    if getattr(args, "token", None):
+        flag: str = args.token
+        return flag
+    if os.environ.get(TOKEN_FILE_ENV):
+        return read_token_file(os.environ[TOKEN_FILE_ENV])
+    return os.environ.get(TOKEN_ENV) or None
+
+
 def service_api(args: argparse.Namespace, transport: httpx.BaseTransport | None = None) -> ServiceApi:
-    """The REST client of the server at ``--server`` with ``--token`` (see :func:`server_url`)."""
+    """The REST client of the server at ``--server`` with the token :func:`server_token` finds (see
+    :func:`server_url`)."""
     return ServiceApi(server_url(args), server_token(args), transport=transport)
 
 
 def add_server_options(parser: argparse.ArgumentParser) -> None:
-    """``--server`` and ``--token``."""
+    """``--server``, ``--token-file`` and ``--token`` (see :func:`server_token`)."""
     parser.add_argument("--server", help=f"server URL, e.g. http://tuner:8642 (default: ${SERVER_ENV})")
-    parser.add_argument("--token", help=f"bearer token for the server (default: ${TOKEN_ENV})")
+    parser.add_argument(
+        "--token-file",
+        metavar="PATH",
+        help=f"read the bearer token from this file (default: ${TOKEN_FILE_ENV}, else ${TOKEN_ENV})",
+    )
+    parser.add_argument(
+        "--token",
+        help="bearer token for the server; visible to every user of this machine (ps): prefer "
+        f"--token-file, ${TOKEN_FILE_ENV} or ${TOKEN_ENV}",
+    )
 
 
 def add_json_option(parser: argparse.ArgumentParser) -> None:

@@ -4,8 +4,12 @@ Owns what it takes to run the API or a worker in this process: settings from the
 and ``TILETUNE_*``, migrations (:func:`tiletune.service.migrate.upgrade`), binding the port,
 uvicorn, and stopping on SIGINT/SIGTERM.
 
-- ``server``: migrate the database, then serve the API with uvicorn (default
-  ``127.0.0.1:8642``); prints one line with the URL.
+- ``server``: migrate the database (``--no-migrate``: :mod:`~tiletune.service.cli.migration`), then
+  serve the API with uvicorn (default ``127.0.0.1:8642``); prints one line with the URL.
+  ``--otel`` traces it (:mod:`tiletune.service.tracing`); its access lines carry each request's
+  id (:mod:`tiletune.service.request_ids`).
+- ``server`` and ``worker`` log on stderr as ``--log-level`` and ``--log-format`` say
+  (:mod:`tiletune.service.logs`).
 - ``worker``: lease jobs from a server and measure them on this machine until stopped
   (:class:`~tiletune.tuner.measure.worker.Worker`); SIGTERM or Ctrl-C finishes the current trial and
   gives the job back. ``--backend replay`` measures the recorded spaces of
@@ -37,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tiletune.client.wire import DEFAULT_BATCH, DEVICE_KINDS, MAX_ASK
+from tiletune.service.cli.migration import add_no_migrate_option, prepare_schema
 from tiletune.service.cli.options import (
     BadInputError,
     CommandFailedError,
@@ -45,6 +50,9 @@ from tiletune.service.cli.options import (
     server_token,
     server_url,
 )
+from tiletune.service.logs import LogSettingError, add_log_options, configure_logging, logging_configured
+from tiletune.service.request_ids import ACCESS_LOGGER
+from tiletune.service.tracing import add_otel_option
 
 if TYPE_CHECKING:
     import uvicorn
@@ -83,7 +91,9 @@ def settings_of(db: str | None, forwarded_allow_ips: str | None = None) -> Setti
         first = error.errors()[0]
         name = ".".join(str(part) for part in first["loc"])
         source = SETTING_FLAGS[name] if given.get(name) is not None else f"$TILETUNE_{name.upper()}"
-        raise BadInputError(name, f"{first['msg']} (from {source})") from None
+        # A validator's own words, without pydantic's "Value error, " before them.
+        reason = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
+        raise BadInputError(name, f"{reason} (from {source})") from None
 
 
 def migrate(url: str) -> None:
@@ -136,14 +146,25 @@ def served_url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _log_to_stderr() -> None:
-    """Log lines of ours (and uvicorn's) at INFO on stderr; httpx's are noise.
+def _log_to_stderr(args: argparse.Namespace | None = None) -> None:
+    """Log as ``--log-level`` and ``--log-format`` say, else ``$TILETUNE_LOG_*`` (see
+    :mod:`tiletune.service.logs`); without ``args``, only when nothing configured logging yet."""
+    if args is None and logging_configured():
+        return
+    try:
+        configure_logging(getattr(args, "log_level", None), getattr(args, "log_format", None))
+    except LogSettingError as error:
+        raise BadInputError(error.field, error.reason) from None
 
-    No request path carries a secret (lease tokens travel in a header), so access log lines are
-    written as they are.
-    """
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+def _check_tracing(settings: Settings) -> None:
+    """Fail before anything starts when tracing is configured but cannot run."""
+    from tiletune.service.tracing import TracingUnavailableError, check_tracing
+
+    try:
+        check_tracing(settings.otel)
+    except TracingUnavailableError as error:
+        raise CommandFailedError(str(error)) from None
 
 
 def _is_loopback(host: str) -> bool:
@@ -208,6 +229,7 @@ def uvicorn_server(
     from tiletune.service.app import create_app
 
     _log_to_stderr()
+    logging.getLogger(ACCESS_LOGGER).setLevel(logging.NOTSET if access_log else logging.WARNING)
     # Large bodies are checked in worker threads (tiletune.service.bodies); the event loop takes the
     # interpreter back from them within 1 ms instead of Python's default 5 ms, so a request that
     # meets such a check waits a few ms, not tens (each of its awaits may wait one interval).
@@ -220,8 +242,9 @@ def uvicorn_server(
         host=host,
         port=port,
         lifespan="on",
-        log_level="info",
-        access_log=access_log,
+        log_config=None,  # uvicorn's lines go through ours (tiletune.service.logs)
+        log_level=None,
+        access_log=False,  # ours, with the request id: tiletune.service.request_ids
         forwarded_allow_ips=settings.forwarded_allow_ips,
         http=head_timeout_protocol(settings.head_timeout_s),
     )
@@ -233,17 +256,21 @@ def uvicorn_server(
 
 
 def cmd_server(args: argparse.Namespace) -> None:
-    """Migrate the database, then serve the API until SIGINT or SIGTERM."""
+    """Migrate the database (``--no-migrate``: check it is at head), then serve until SIGINT or SIGTERM."""
     if args.optuna_db is not None:
         print("tiletune server: --optuna-db is ignored: job searches are rebuilt from the trials table")
+    _log_to_stderr(args)
     settings = settings_of(args.db, args.forwarded_allow_ips)
+    if args.otel:
+        settings = settings.model_copy(update={"otel": True})
+    _check_tracing(settings)
     sock = bind(args.host, args.port)  # first: a busy port fails fast and touches no database
-    migrate(settings.db_url)
+    prepare_schema(settings.db_url, args.no_migrate)
     server, tokens = uvicorn_server(settings, args.host, args.port, access_log=True)
     first_admin = tokens.bootstrap(None)
     if first_admin is not None:
         print(
-            "tiletune server: the database had no token; the first admin token (shown once, keep it"
+            "tiletune server: the database had no admin token; the first admin token (shown once, keep it"
             f" in a secret; `tiletune token create` makes others):\n{first_admin}",
             flush=True,
         )
@@ -265,13 +292,17 @@ def cmd_worker(args: argparse.Namespace) -> None:
         raise BadInputError("batch", f"must be an integer from 1 to {MAX_ASK}, got {args.batch}")
     url, token = server_url(args), server_token(args)
     device = _replay_device(args)
-    _log_to_stderr()
+    _log_to_stderr(args)
     try:
         worker = Worker.connect(
             url, token, backend=args.backend, name=args.name, batch=args.batch, device=device
         )
     except DeviceUnavailableError as error:
         raise BadInputError("backend", str(error)) from None
+    if args.build_native and worker.device.kind == "cpu":  # before the handlers: SIGTERM ends a build
+        from tiletune.tuner.measure.native_prebuild import prebuild_native
+
+        prebuild_native()  # never raises: without a build, no native_* kernels are offered
     with worker, stop_signals(worker.stop, "the worker after its current trial"):
         try:
             worker.run(once=args.once)
@@ -357,6 +388,9 @@ def add_server_parser(commands: Commands) -> None:
         "X-Forwarded-Proto and X-Forwarded-For are believed (default: $TILETUNE_FORWARDED_ALLOW_IPS, "
         "else $FORWARDED_ALLOW_IPS, else 127.0.0.1,::1)",
     )
+    add_no_migrate_option(server)
+    add_otel_option(server)
+    add_log_options(server)
     # Earlier servers kept Optuna's studies apart; accepted and ignored so their scripts still run.
     server.add_argument("--optuna-db", help=argparse.SUPPRESS)
     server.set_defaults(handler=cmd_server, extra="server")
@@ -393,4 +427,12 @@ def add_worker_parser(commands: Commands) -> None:
         default=DEFAULT_BATCH,
         help=f"configs asked per request, 1 to {MAX_ASK} (default {DEFAULT_BATCH})",
     )
+    worker.add_argument(
+        "--build-native",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="CPU workers: build the native CPU kernels before registering, once into $TILETUNE_NATIVE_DIR "
+        "(default: on; a failed build is logged and the worker runs without the native_* kernels)",
+    )
+    add_log_options(worker)
     worker.set_defaults(handler=cmd_worker, extra="worker")

@@ -1,5 +1,6 @@
 """The text the remote commands print: sweeps as tables, a lookup's answer with its provenance,
-a line per finished job and a sweep's summary (``up --submit``).
+a line per finished job and a sweep's summary (``up --submit``); the tables of ``sweeps list``,
+``jobs list``, ``jobs show --trials`` and ``workers list``, and a job's facts (``jobs show``).
 
 Pure functions of wire documents (:mod:`tiletune.client.wire`); no I/O.
 """
@@ -8,8 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from datetime import datetime
 
-from tiletune.client.wire import ANY_CHIP, JobPublic, LookupPublic, SweepPublic
+from tiletune.client.wire import (
+    ANY_CHIP,
+    JobPublic,
+    ListedWorkerPublic,
+    LookupPublic,
+    SweepPublic,
+    SweepSummaryPublic,
+    TrialPublic,
+)
 
 
 def ms_text(value: float | None) -> str:
@@ -127,3 +137,117 @@ def summary_line(sweep: SweepPublic, elapsed_s: float) -> str:
         f"{line}; speedup over default {min(speedups):.2f}{TIMES}-{max(speedups):.2f}{TIMES}"
         f" (geometric mean {geomean:.2f}{TIMES})"
     )
+
+
+# -- listings: sweeps, jobs, trials, workers ----------------------------------------------------------
+
+
+def when_text(moment: datetime | None) -> str:
+    """A moment to the second (ISO 8601, its offset kept), ``-`` for none."""
+    return moment.isoformat(timespec="seconds") if moment is not None else "-"
+
+
+def _chip_text(chip: str) -> str:
+    return "any" if chip == ANY_CHIP else chip
+
+
+def sweeps_table(sweeps: Sequence[SweepSummaryPublic]) -> str:
+    """``sweeps list``: one row per sweep, its jobs counted by state."""
+    header = ["sweep", "name", "state", "kernels", "jobs", "by state", "created"]
+    rows = [
+        [
+            str(sweep.id),
+            sweep.name or "-",
+            sweep.state,
+            ",".join(sweep.kernels) or "-",
+            str(sweep.job_count),
+            ", ".join(f"{state} {n}" for state, n in sorted(sweep.counts.items())) or "-",
+            when_text(sweep.created_at),
+        ]
+        for sweep in sweeps
+    ]
+    return format_table(header, rows) if rows else "no sweeps"
+
+
+def jobs_table(jobs: Sequence[JobPublic]) -> str:
+    """``jobs list``: one row per job, its key, state, trials and best time so far."""
+    header = ["job", "sweep", "kernel", "shape", "dtype", "chip", "state", "trials", "best_ms", "speedup"]
+    rows = []
+    for job in jobs:
+        speedup = job.progress.speedup_vs_default
+        rows.append(
+            [
+                str(job.id),
+                str(job.sweep_id),
+                job.kernel,
+                job.shape_key,
+                job.dtype,
+                _chip_text(job.chip),
+                job.state,
+                f"{job.progress.completed}/{job.trials}",
+                ms_text(job.progress.best_ms),
+                f"{speedup:.2f}x" if speedup else "-",
+            ]
+        )
+    return format_table(header, rows) if rows else "no jobs"
+
+
+def job_text(job: JobPublic) -> str:
+    """``jobs show``: a job's key, state, budget and progress, one fact per line."""
+    progress = job.progress
+    budget = f"{job.trials} trials, {job.strategy}"
+    budget += f", at most {job.max_time_s:g} s" if job.max_time_s is not None else ""
+    budget += f", patience {job.patience}" if job.patience is not None else ""
+    lines = [
+        f"job {job.id} of sweep {job.sweep_id}: {job.kernel} v{job.kernel_version} {job.shape_key}"
+        f" {job.dtype} on {_chip_text(job.chip)} ({job.backend})",
+        f"state:    {job.state} (created {when_text(job.created_at)}, updated {when_text(job.updated_at)})",
+        f"budget:   {budget}",
+        f"trials:   {progress.completed} measured, {progress.invalid} invalid,"
+        f" {progress.duplicate} duplicate, {progress.failed} failed",
+        f"best:     {ms_text(progress.best_ms)} ms {_config_text(progress.best_config)}",
+        f"default:  {ms_text(progress.default_ms)} ms"
+        + (f" ({_times(progress.speedup_vs_default)})" if progress.speedup_vs_default else ""),
+    ]
+    if job.lease_failures or job.failure_reasons:
+        lines.append(f"failures: {job.lease_failures} failed lease(s)")
+        lines += [f"  - {reason}" for reason in job.failure_reasons]
+    return "\n".join(lines)
+
+
+def trials_table(trials: Sequence[TrialPublic]) -> str:
+    """``jobs show --trials``: one row per trial, in the order asked."""
+    header = ["trial", "number", "phase", "state", "median_ms", "p10_ms", "p90_ms", "config", "reason"]
+    rows = [
+        [
+            str(trial.id),
+            str(trial.number) if trial.number is not None else "-",
+            trial.phase,
+            trial.state,
+            ms_text(trial.median_ms),
+            ms_text(trial.p10_ms),
+            ms_text(trial.p90_ms),
+            _config_text(trial.config),
+            (trial.reason or "-").replace("\n", " ")[:80],
+        ]
+        for trial in trials
+    ]
+    return format_table(header, rows) if rows else "no trials"
+
+
+def workers_table(workers: Sequence[ListedWorkerPublic]) -> str:
+    """``workers list``: one row per worker, the most recently seen first."""
+    header = ["worker", "name", "chip", "backends", "leased jobs", "registered", "last seen"]
+    rows = [
+        [
+            str(worker.id),
+            worker.name,
+            worker.chip,
+            ",".join(worker.backends),
+            ",".join(str(job) for job in worker.leased_jobs) or "-",
+            when_text(worker.registered_at),
+            when_text(worker.last_seen_at),
+        ]
+        for worker in workers
+    ]
+    return format_table(header, rows) if rows else "no workers"

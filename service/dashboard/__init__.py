@@ -87,7 +87,7 @@ async def _sign_in(request: Request, error: Exception) -> Response:
 
 
 #: Paths that are the API's, never a page: their errors stay JSON whoever asks.
-API_PREFIXES = ("/v1/", "/static/", "/metrics", "/healthz", "/livez", "/openapi.json")
+API_PREFIXES = ("/v1/", "/static/", "/metrics", "/healthz", "/readyz", "/livez", "/openapi.json")
 
 
 def error_page(

@@ -1,13 +1,14 @@
 """Static files served from our own origin: the dashboard's, Plotly.js, Swagger UI and ReDoc.
 
-Nothing a page loads comes from another origin (GPU and NPU clusters are often offline):
+Nothing a page loads comes from another origin (GPU and NPU clusters are often offline), and no
+file is read from another package's private folder: every asset is a file of ``static/``,
 
-- the dashboard's own files (``static/``: its CSS and script, and htmx, vendored as one file
-  under its BSD-0 licence, since no Python package ships it);
-- Plotly.js from the installed ``plotly`` package (``plotly/package_data/plotly.min.js``);
-- Swagger UI and ReDoc from the installed ``fastapi-offline`` package (its ``static/``);
-  ReDoc's sidebar logo is an image on ReDoc's CDN, so the copy served points it at our icon
-  (:data:`REWRITES`).
+- the dashboard's own (its CSS, script and icon);
+- vendored from npm, each beside its licence and recorded (package, version, SHA-256) in
+  ``static/VENDORED.md``: htmx, Plotly.js (``plotly.js-dist-min``: the charts include heatmaps and
+  parallel coordinates, beyond the basic bundle), Swagger UI (``swagger-ui-dist``) and ReDoc
+  (``redoc``). ReDoc's sidebar logo is an image on ReDoc's CDN, so the copy served points it at
+  our icon (:data:`REWRITES`).
 
 Each asset is a fixed name (no path from the request reaches the file system), read once and
 kept in memory with its gzip form. Pages link ``/static/NAME?v=DIGEST``; the answer is cached
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import importlib.util
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,29 +41,22 @@ REWRITES: dict[str, tuple[tuple[bytes, bytes], ...]] = {
 }
 
 
-def _package_folder(package: str) -> Path:
-    """The folder of an installed package, found without importing it."""
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise RuntimeError(f"the {package!r} package is not installed (pip install 'tiletune[server]')")
-    return Path(next(iter(spec.submodule_search_locations)))
+#: Asset name -> media type; each is the file of that name in ``static/``.
+MEDIA_TYPES: dict[str, str] = {
+    "dashboard.css": "text/css; charset=utf-8",
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "favicon.png": "image/png",
+    "htmx.min.js": "text/javascript; charset=utf-8",
+    "plotly.min.js": "text/javascript; charset=utf-8",
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "redoc.standalone.js": "text/javascript; charset=utf-8",
+}
 
 
 def _sources() -> dict[str, tuple[Path, str]]:
     """Asset name -> (file, media type)."""
-    plotly = _package_folder("plotly") / "package_data"
-    offline = _package_folder("fastapi_offline") / "static"
-    js, css = "text/javascript; charset=utf-8", "text/css; charset=utf-8"
-    return {
-        "dashboard.css": (HERE / "dashboard.css", css),
-        "dashboard.js": (HERE / "dashboard.js", js),
-        "htmx.min.js": (HERE / "htmx.min.js", js),
-        "plotly.min.js": (plotly / "plotly.min.js", js),
-        "swagger-ui-bundle.js": (offline / "swagger-ui-bundle.js", js),
-        "swagger-ui.css": (offline / "swagger-ui.css", css),
-        "redoc.standalone.js": (offline / "redoc.standalone.js", js),
-        "favicon.png": (offline / "favicon.png", "image/png"),
-    }
+    return {name: (HERE / name, media_type) for name, media_type in MEDIA_TYPES.items()}
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) with their assets from our own origin.
 
 FastAPI's stock pages load both from a CDN and are blank on an offline cluster; these load
-them from :mod:`~tiletune.service.dashboard.assets` (the ``fastapi-offline`` package's copies),
+them from :mod:`~tiletune.service.dashboard.assets` (vendored copies: ``static/VENDORED.md``),
 with Swagger UI's online validator and ReDoc's web fonts turned off.
 """
 

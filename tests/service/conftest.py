@@ -23,6 +23,9 @@ from sqlalchemy.engine import make_url
 from tiletune.service.database import normalize_url
 from tiletune.service.models import Base
 
+# The server_contract marker (`make test-lowest`): its hooks, registered by this conftest.
+from .server_contract import pytest_collection_modifyitems, pytest_ignore_collect  # noqa: F401
+
 POSTGRES_ADMIN_URL = os.environ.get("TILETUNE_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 
 DATABASES = ("sqlite", "postgresql")

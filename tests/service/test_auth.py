@@ -38,6 +38,7 @@ POLICY: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/jobs/{job_id}/cancel"): Role.SUBMITTER,
     ("GET", "/v1/jobs/{job_id}/trials"): Role.READER,
     ("POST", "/v1/workers"): Role.WORKER,
+    ("GET", "/v1/workers"): Role.READER,
     ("POST", "/v1/leases"): Role.WORKER,
     ("POST", "/v1/lease/heartbeat"): Role.WORKER,
     ("POST", "/v1/lease/ask"): Role.WORKER,
@@ -56,6 +57,7 @@ POLICY: dict[tuple[str, str], Role | None] = {
     ("POST", "/v1/tokens/{token_id}/revoke"): Role.ADMIN,
     ("GET", "/livez"): None,
     ("GET", "/healthz"): None,
+    ("GET", "/readyz"): None,
     ("GET", "/metrics"): Role.READER,
 }
 

@@ -45,8 +45,12 @@ def measured(url: str, job_id: int) -> int:
 
 
 def work_once(url: str, log: Path, env: dict[str, str] | None = None) -> None:
-    """A ``tiletune worker --once`` run to its end: it works every job it may lease, then exits."""
-    worker = start_worker(url, log, args=["--once", "--batch", "2"], env=env)
+    """A ``tiletune worker --once`` run to its end: it works every job it may lease, then exits.
+
+    With ``env`` pointing at an empty native cache the worker must stay without the native kernels,
+    so it does not build them at start (``--no-build-native``)."""
+    build = ["--no-build-native"] if env is not None and CACHE_ENV in env else []
+    worker = start_worker(url, log, args=["--once", "--batch", "2", *build], env=env)
     deadline = time.monotonic() + TIMEOUT_S
     while worker.poll() is None and time.monotonic() < deadline:
         time.sleep(0.3)

@@ -32,8 +32,16 @@ from tiletune.tuner.measure.worker import STOP_REASON, Worker, WorkerRejectedErr
 #: Nothing listens on the discard port: connections are refused at once.
 UNREACHABLE = "http://127.0.0.1:9"
 FORBIDDEN_MODULES = ("optuna", "sqlalchemy", "fastapi", "uvicorn", "alembic")
-#: The command line lives in tiletune.service.cli; nothing else of tiletune.service may load.
-COMMAND_LINE = ("tiletune.service", "tiletune.service.cli")
+#: The command line lives in tiletune.service.cli; nothing else of tiletune.service may load but the
+#: light modules its commands share with the server (standard library only at import): logging
+#: set-up, request ids and the tracing switch.
+COMMAND_LINE = (
+    "tiletune.service",
+    "tiletune.service.cli",
+    "tiletune.service.logs",
+    "tiletune.service.request_ids",
+    "tiletune.service.tracing",
+)
 QUICK = BenchSettings(warmup_runs=1, min_samples=3, max_samples=5, budget_s=0.01)
 
 

@@ -8,6 +8,7 @@ Modules:
   interleaved comparison;
 - ``worker``: the worker process that leases jobs from a server and measures them;
 - ``registration``: what a worker tells the server about itself (chip, kernels, backends);
+- ``native_prebuild``: a CPU worker's build of the native CPU kernels where it starts (cached);
 - ``job_bench``: a leased job's bench, or why this worker cannot run it;
 - ``job_driver``: the ask/measure/tell/validate loop of one leased job;
 - ``heartbeat``: the thread that keeps a worker's lease alive;
