@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 from tests.credentials import ADMIN_TOKEN
+from tests.service.cli_runner import Cli
 from tests.service.processes import (
     FAST_LEASES,
     START_TIMEOUT_S,
@@ -61,25 +62,6 @@ def no_server_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process runs see only the server URL a test gives, and the suite's admin token."""
     monkeypatch.delenv("TILETUNE_SERVER", raising=False)
     monkeypatch.setenv("TILETUNE_TOKEN", ADMIN_TOKEN)
-
-
-class Cli:
-    """``tiletune ARGS`` in this process (``main``): exit status and captured output."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self._capsys = capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        self._capsys.readouterr()
-        status = main(list(args))
-        out, err = self._capsys.readouterr()
-        return status, out, err
-
-    def sweep(self, *args: str) -> SweepPublic:
-        """``tiletune submit ARGS --json``, which must succeed: its sweep."""
-        status, out, err = self("submit", *args, "--json")
-        assert status == 0, err
-        return SweepPublic.model_validate_json(out)
 
 
 @pytest.fixture

@@ -24,6 +24,7 @@ import pytest
 
 from tests.bundles import SOFTWARE, sealed
 from tests.credentials import ADMIN, ADMIN_TOKEN
+from tests.service.cli_runner import Cli
 from tests.service.processes import ServerProcess, run_cli, serving_this_chip
 from tiletune.client.wire import (
     ConfigBundle,
@@ -82,25 +83,6 @@ def suite_token(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("TILETUNE_SERVER", "TILETUNE_TOKEN_FILE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("TILETUNE_TOKEN", ADMIN_TOKEN)
-
-
-class Cli:
-    """``tiletune ARGS`` in this process: exit status, stdout, stderr."""
-
-    def __init__(self, capsys: pytest.CaptureFixture[str]) -> None:
-        self._capsys = capsys
-
-    def __call__(self, *args: str) -> tuple[int, str, str]:
-        self._capsys.readouterr()
-        status = main(list(args))
-        out, err = self._capsys.readouterr()
-        return status, out, err
-
-    def json(self, *args: str) -> Any:
-        """``tiletune ARGS --json``, which must succeed: its one document."""
-        status, out, err = self(*args, "--json")
-        assert status == 0, err
-        return json.loads(out)
 
 
 @pytest.fixture
