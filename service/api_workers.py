@@ -14,15 +14,11 @@ under a lease that expired, ended or never existed; it changes nothing.
 
 from __future__ import annotations
 
-import json
-from collections import defaultdict
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response
 from pydantic import Field
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from tiletune.client.wire import (
     LEASE_TOKEN_HEADER,
@@ -43,9 +39,8 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service.database import aware
+from tiletune.service import fleet
 from tiletune.service.dependencies import DatabaseDep, ProtocolDep, ReaderDep, WorkerDep
-from tiletune.service.models import ChipRow, LeaseRow, SoftwareRow, WorkerRow
 
 router = APIRouter(prefix="/v1", tags=["workers"])
 
@@ -90,47 +85,7 @@ def list_workers(
     now = db.clock()
     since = now - timedelta(seconds=seen_within_s) if seen_within_s is not None else None
     with db.read() as session:
-        return _listed_workers(session, limit, since, now)
-
-
-def _listed_workers(
-    session: Session, limit: int, since: datetime | None, now: datetime
-) -> list[ListedWorkerPublic]:
-    """The rows of :func:`list_workers`: workers and chips and software, then their live leases."""
-    query = (
-        select(WorkerRow, ChipRow.name, SoftwareRow.fingerprint)
-        .join(ChipRow, ChipRow.id == WorkerRow.chip_id)
-        .join(SoftwareRow, SoftwareRow.id == WorkerRow.software_id)
-        .order_by(WorkerRow.last_seen_at.desc(), WorkerRow.id.desc())
-        .limit(limit)
-    )
-    if since is not None:
-        query = query.where(WorkerRow.last_seen_at >= since)
-    rows = session.execute(query).all()
-    leased: defaultdict[int, list[int]] = defaultdict(list)
-    if rows:
-        live = (
-            select(LeaseRow.worker_id, LeaseRow.job_id)
-            .where(LeaseRow.worker_id.in_([worker.id for worker, _, _ in rows]))
-            .where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at > now)
-            .order_by(LeaseRow.job_id)
-        )
-        for worker_id, job_id in session.execute(live):
-            leased[worker_id].append(job_id)
-    return [
-        ListedWorkerPublic(
-            id=worker.id,
-            name=worker.name,
-            chip=chip,
-            backends=list(worker.backends),
-            kernels=list(worker.kernels),
-            software=json.loads(fingerprint),
-            registered_at=aware(worker.registered_at),
-            last_seen_at=aware(worker.last_seen_at),
-            leased_jobs=leased[worker.id],
-        )
-        for worker, chip, fingerprint in rows
-    ]
+        return fleet.listed_workers(session, limit, since, now)
 
 
 @router.post(

@@ -14,21 +14,25 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
   the one it first registers (or leases for); another chip is 403 with a message that names no
   chip and no limits. A token bound to ``*`` (an admin's choice) works for every chip; an
   admin's token is never bound;
-- a software fingerprint is stored once per (chip, canonical JSON text).
+- a software fingerprint is stored once per (chip, canonical JSON text);
+- :func:`listed_workers` lists workers with their chip, software and live leases.
 """
 
 from __future__ import annotations
 
+import json
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import ANY_CHIP, ChipWire, WorkerCreate, software_text
+from tiletune.client.wire import ANY_CHIP, ChipWire, ListedWorkerPublic, WorkerCreate, software_text
 from tiletune.kernels import DeviceLimits
+from tiletune.service.database import aware
 from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
-from tiletune.service.models import ChipRow, SoftwareRow, TokenRow, WorkerRow
+from tiletune.service.models import ChipRow, LeaseRow, SoftwareRow, TokenRow, WorkerRow
 
 #: The refusal of a worker token's call for a chip other than its own: it names neither chip.
 BOUND_ELSEWHERE = (
@@ -210,3 +214,44 @@ def hold_to_chip(session: Session, token_id: int | None, chip_name: str, field: 
 
 def _bound_chip(session: Session, token_id: int) -> str | None:
     return session.scalar(select(TokenRow.chip_name).where(TokenRow.id == token_id))
+
+
+def listed_workers(
+    session: Session, limit: int, since: datetime | None, now: datetime
+) -> list[ListedWorkerPublic]:
+    """Workers (the most recently seen first, at most ``limit``, seen since ``since`` when given), each
+    with its chip, software and the jobs it holds a live lease on at ``now`` (``GET /v1/workers``)."""
+    query = (
+        select(WorkerRow, ChipRow.name, SoftwareRow.fingerprint)
+        .join(ChipRow, ChipRow.id == WorkerRow.chip_id)
+        .join(SoftwareRow, SoftwareRow.id == WorkerRow.software_id)
+        .order_by(WorkerRow.last_seen_at.desc(), WorkerRow.id.desc())
+        .limit(limit)
+    )
+    if since is not None:
+        query = query.where(WorkerRow.last_seen_at >= since)
+    rows = session.execute(query).all()
+    leased: defaultdict[int, list[int]] = defaultdict(list)
+    if rows:
+        live = (
+            select(LeaseRow.worker_id, LeaseRow.job_id)
+            .where(LeaseRow.worker_id.in_([worker.id for worker, _, _ in rows]))
+            .where(LeaseRow.ended_at.is_(None), LeaseRow.expires_at > now)
+            .order_by(LeaseRow.job_id)
+        )
+        for worker_id, job_id in session.execute(live):
+            leased[worker_id].append(job_id)
+    return [
+        ListedWorkerPublic(
+            id=worker.id,
+            name=worker.name,
+            chip=chip,
+            backends=list(worker.backends),
+            kernels=list(worker.kernels),
+            software=json.loads(fingerprint),
+            registered_at=aware(worker.registered_at),
+            last_seen_at=aware(worker.last_seen_at),
+            leased_jobs=leased[worker.id],
+        )
+        for worker, chip, fingerprint in rows
+    ]

@@ -33,8 +33,7 @@ from tiletune.client.wire import ConfigBundle
 from tiletune.service.cli.options import (
     BadInputError,
     Commands,
-    add_json_option,
-    add_server_options,
+    add_remote_options,
     emit,
     note,
     service_api,
@@ -144,7 +143,5 @@ def add_configs_parser(commands: Commands) -> None:
     imports.add_argument(
         "--force", action="store_true", help="also replace bests measured on that server (default: keep them)"
     )
-    for parser in (export, imports):
-        add_server_options(parser)
-        add_json_option(parser)
+    add_remote_options(export, imports)
     configs.set_defaults(handler=cmd_configs)

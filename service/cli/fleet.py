@@ -37,8 +37,7 @@ from tiletune.client.wire import (
 from tiletune.service.cli.options import (
     BadInputError,
     Commands,
-    add_json_option,
-    add_server_options,
+    add_remote_options,
     emit,
     note,
     service_api,
@@ -193,11 +192,6 @@ def cmd_workers(args: argparse.Namespace) -> None:
 # -- parsers ----------------------------------------------------------------------------------------
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    add_server_options(parser)
-    add_json_option(parser)
-
-
 def add_sweeps_parser(commands: Commands) -> None:
     """The ``sweeps`` subcommand and its actions."""
     sweeps = commands.add_parser(
@@ -216,8 +210,7 @@ def add_sweeps_parser(commands: Commands) -> None:
     cancel = actions.add_parser("cancel", help="cancel every unfinished job of a sweep")
     for parser in (show, cancel):
         parser.add_argument("id", type=int, help="the sweep's id (see `tiletune sweeps list`)")
-    for parser in (listing, show, cancel):
-        _common(parser)
+    add_remote_options(listing, show, cancel)
     sweeps.set_defaults(handler=cmd_sweeps)
 
 
@@ -243,8 +236,7 @@ def add_jobs_parser(commands: Commands) -> None:
     cancel = actions.add_parser("cancel", help="cancel one job")
     for parser in (show, cancel):
         parser.add_argument("id", type=int, help="the job's id (see `tiletune jobs list`)")
-    for parser in (listing, show, cancel):
-        _common(parser)
+    add_remote_options(listing, show, cancel)
     jobs.set_defaults(handler=cmd_jobs)
 
 
@@ -271,5 +263,5 @@ def add_workers_parser(commands: Commands) -> None:
         default=WORKERS_PAGE_DEFAULT,
         help=f"the most workers listed (default {WORKERS_PAGE_DEFAULT}, at most {WORKERS_PAGE_MAX})",
     )
-    _common(listing)
+    add_remote_options(listing)
     workers.set_defaults(handler=cmd_workers)

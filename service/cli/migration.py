@@ -13,8 +13,9 @@
 The database URL: ``--db``, else ``$TILETUNE_DB_URL``, else the SQLite default, as for ``server``.
 Exit statuses: 2 for a URL that is not one (field ``db``), 1 for a database that cannot be reached
 or migrated. The URL is printed with its password hidden. Alembic and SQLAlchemy are imported when
-the command runs (the ``[server]`` extra), never when the parser is built. Imported by
-:mod:`~tiletune.service.cli.serve` for its parser, it imports that module only inside its functions.
+the command runs (the ``[server]`` extra), never when the parser is built. :func:`migrate` and
+:func:`safe_url` serve ``tiletune server`` and ``tiletune up`` too. Imported by
+:mod:`~tiletune.service.cli.serve`, it takes that module's ``settings_of`` only inside a function.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """Upgrade the database to head (or, with ``--check``, say whether it is there); the exit status."""
-    from tiletune.service.cli.serve import safe_url, settings_of
+    from tiletune.service.cli.serve import settings_of
     from tiletune.service.migrate import revisions, upgrade
 
     url = settings_of(args.db).db_url
@@ -63,11 +64,28 @@ def cmd_migrate(args: argparse.Namespace) -> int:
     return 0 if after.at_head else EXIT_FAILURE
 
 
+def migrate(url: str) -> None:
+    """Bring the database to the newest schema; a bad URL is bad input, an unreachable one a failure."""
+    from tiletune.service.migrate import upgrade
+
+    with _database_errors(url):
+        upgrade(url)
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password hidden."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return url
+
+
 def prepare_schema(url: str, no_migrate: bool) -> None:
     """What ``tiletune server`` does before serving: migrate to head, or with ``--no-migrate`` only
     check that the schema is there (:func:`require_schema_at_head`)."""
-    from tiletune.service.cli.serve import migrate
-
     if no_migrate:
         require_schema_at_head(url)
     else:
@@ -77,7 +95,6 @@ def prepare_schema(url: str, no_migrate: bool) -> None:
 def require_schema_at_head(url: str) -> None:
     """Return when the database's schema is this release's; else :class:`CommandFailedError` naming
     ``tiletune migrate``. Reads the version table only (no DDL)."""
-    from tiletune.service.cli.serve import safe_url
     from tiletune.service.migrate import revisions
 
     with _database_errors(url):
@@ -110,8 +127,6 @@ def _database_errors(url: str) -> Iterator[None]:
     revision these scripts do not know, as a failure naming the database (password hidden)."""
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
-    from tiletune.service.cli.serve import safe_url
 
     try:
         yield

@@ -177,6 +177,14 @@ def add_json_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON document on stdout")
 
 
+def add_remote_options(*parsers: argparse.ArgumentParser) -> None:
+    """:func:`add_server_options` and :func:`add_json_option` on each of ``parsers`` (the actions of a
+    command that asks the server and prints its answer)."""
+    for parser in parsers:
+        add_server_options(parser)
+        add_json_option(parser)
+
+
 def add_kernel_arguments(parser: argparse.ArgumentParser, replay_help: str | None = None) -> None:
     """KERNEL, ``--shape``, ``--dtype``, ``--backend`` (device kind) and ``--json``."""
     parser.add_argument("kernel", help="kernel name (see `tiletune kernels`)")

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from tiletune.client.wire import DEFAULT_BATCH, DEVICE_KINDS, MAX_ASK
-from tiletune.service.cli.migration import add_no_migrate_option, prepare_schema
+from tiletune.service.cli.migration import add_no_migrate_option, prepare_schema, safe_url
 from tiletune.service.cli.options import (
     BadInputError,
     CommandFailedError,
@@ -94,32 +94,6 @@ def settings_of(db: str | None, forwarded_allow_ips: str | None = None) -> Setti
         # A validator's own words, without pydantic's "Value error, " before them.
         reason = str(first["ctx"]["error"]) if first["type"] == "value_error" else first["msg"]
         raise BadInputError(name, f"{reason} (from {source})") from None
-
-
-def migrate(url: str) -> None:
-    """Bring the database to the newest schema; a bad URL is bad input, an unreachable one a failure."""
-    from sqlalchemy.exc import ArgumentError, SQLAlchemyError
-
-    from tiletune.service.migrate import upgrade
-
-    try:
-        upgrade(url)
-    except ArgumentError as error:
-        raise BadInputError("db", f"not a usable database URL {safe_url(url)!r}: {error}") from None
-    except SQLAlchemyError as error:
-        reason = str(error).splitlines()[0]
-        raise CommandFailedError(f"cannot migrate the database {safe_url(url)}: {reason}") from None
-
-
-def safe_url(url: str) -> str:
-    """``url`` with its password hidden."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except ArgumentError:
-        return url
 
 
 def bind(host: str, port: int) -> socket.socket:

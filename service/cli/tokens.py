@@ -18,8 +18,7 @@ from tiletune.client.wire import Role, TokenCreate, TokenPublic
 from tiletune.service.cli.options import (
     BadInputError,
     Commands,
-    add_json_option,
-    add_server_options,
+    add_remote_options,
     emit,
     note,
     service_api,
@@ -86,7 +85,5 @@ def add_token_parser(commands: Commands) -> None:
     listing = actions.add_parser("list", help="every token (never a secret)")
     revoke = actions.add_parser("revoke", help="revoke a token for good")
     revoke.add_argument("id", type=int, help="the token's id (see `tiletune token list`)")
-    for parser in (create, listing, revoke):
-        add_server_options(parser)
-        add_json_option(parser)
+    add_remote_options(create, listing, revoke)
     token.set_defaults(handler=cmd_token)

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from tiletune.client.api import ServiceApi
 from tiletune.client.wire import ANY_CHIP, Role, SweepCreate
 from tiletune.service.cli.follow import SweepFollower
+from tiletune.service.cli.migration import migrate, safe_url
 from tiletune.service.cli.options import (
     EXIT_FAILURE,
     EXIT_INTERRUPTED,
@@ -40,8 +41,6 @@ from tiletune.service.cli.serve import (
     DEFAULT_HOST,
     DEFAULT_PORT,
     bind,
-    migrate,
-    safe_url,
     served_url,
     settings_of,
     stop_signals,
