@@ -3,8 +3,13 @@
 # venv that has torch's CUDA build and triton (`pip install torch==2.13.0 triton -e .`).
 # Tunes triton_fused_attention (3 shapes x fp16/bf16) and triton_matmul (2 shapes) and prints JSON:
 # tuned vs the hand-written rule's config vs PyTorch's own op, measured interleaved. Under 5 minutes.
+# First the honest-timing checks (issue 27: NVML clocks and temperature, the 256 MiB flush default,
+# the clock check); `benchmarks/gpu_check.sh --conditions-only` runs only those (under a minute).
+# NVML comes from the nvidia-ml-py package (`pip install nvidia-ml-py`); without it the clocks
+# read null and the check says so.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-.venv/bin/python}"
 "$PYTHON" -c "import torch, triton; assert torch.cuda.is_available(), 'no CUDA GPU visible'" >&2
+"$PYTHON" -c "import pynvml" 2>/dev/null || echo "gpu_check: pynvml (nvidia-ml-py) is not installed: no clocks" >&2
 exec timeout 300 "$PYTHON" -m benchmarks.gpu_check "$@"

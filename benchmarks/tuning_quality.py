@@ -160,20 +160,24 @@ def measure_key(
 
     bench = KernelBench(spec, shape, dtype, device, settings=plan.final_bench)
     same_config = tuned.best_config == grid.best_config
+    tuned_is_default = tuned.best_config == tuned.default_config
     contenders = {
         "tuned": bench.runner(tuned.best_config),
         "exhaustive": bench.runner(grid.best_config),
         "default": bench.runner(tuned.default_config),
         "vendor": _vendor(bench),
     }
-    if tuned.default_invalid is not None:
+    # Measuring one config twice would report noise as a difference: a config is timed once.
+    if tuned.default_invalid is not None or tuned_is_default:
         del contenders["default"]
-    if same_config:  # measuring one config twice would report noise as a difference
+    if same_config:
         del contenders["exhaustive"]
     timings = measure_interleaved(list(contenders.values()), device, plan.final_bench)
     measured = dict(zip(contenders, timings, strict=True))
     if same_config:
         measured["exhaustive"] = measured["tuned"]
+    if tuned_is_default and tuned.default_invalid is None:
+        measured["default"] = measured["tuned"]
     tuned_ms = measured["tuned"].median_ms
     default_ms = measured["default"].median_ms if "default" in measured else None
     grid_times = [point.median_ms for point in grid.trace]
@@ -193,6 +197,7 @@ def measure_key(
         },
         "default_invalid": tuned.default_invalid,
         "tuned_is_exhaustive_best": same_config,
+        "tuned_is_default": tuned_is_default,
         "times": {name: m.as_dict() for name, m in measured.items()},
         "speedup_vs_default": default_ms / tuned_ms if default_ms else None,
         "tuned_over_exhaustive": tuned_ms / measured["exhaustive"].median_ms,

@@ -19,9 +19,10 @@ No network I/O here (the clients do it); the rules:
   batches by the client, off the launch path. A key the server refused in a
   report (422 naming it) is dropped from the batch and never counted again.
 - Every answer a launch gets without a server lookup (from memory, the disk cache, the
-  default; a bad key's default too) is counted by match (:mod:`tiletune.client.answers`:
-  one C call on the launch path) and reported with the misses, off the launch path
-  (``POST /v1/client-stats``; never again to a server without that route).
+  default; a bad key's default too) is counted by match and by key (:mod:`tiletune.client.answers`:
+  each remembered answer has its own counter beside it in the memo, one C call on the launch
+  path) and reported with the misses, off the launch path (``POST /v1/client-stats``: the
+  answers by match and the most launched keys; never again to a server without that route).
 - The server is backed off after a failure (no answer, no complete answer within the
   request's bound, 5xx, an answer that is not the API's: an HTML page, another schema, a
   body that does not decode or is larger than its cap): ``backoff_s``, doubling up to
@@ -54,13 +55,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TypeVar
 
 from tiletune.client import calls
-from tiletune.client.answers import AnswerTally
+from tiletune.client.answers import AnswerKey, AnswerTally
 from tiletune.client.calls import ApiError, BundleAnswer, Call, ServerRefusedError
 from tiletune.client.chip import detect_chip, software_fingerprint
 from tiletune.client.disk import DiskCache, default_cache_dir
@@ -79,7 +80,8 @@ from tiletune.client.wire import (
 log = logging.getLogger("tiletune.client")
 
 R = TypeVar("R")
-MemoKey = tuple[str, str, tuple[tuple[str, int], ...]]
+#: A remembered answer's key: (kernel, dtype, shape items).
+MemoKey = AnswerKey
 #: The default config of (kernel, shape, dtype, chip name); may raise (the client falls back to ``{}``).
 DefaultRule = Callable[[str, Mapping[str, int], str, str], Mapping[str, int]]
 #: The version of a kernel this process runs, ``None`` when it does not know the kernel.
@@ -139,8 +141,9 @@ class ClientCore:
         self.known = KnownConfigs(self.chip, on_refused=self._refused_entry)
         self.disk = DiskCache(settings.cache_dir, self.chip) if settings.cache_dir is not None else None
         self.software = software_fingerprint()
-        #: The answers remembered; never rebound (the clients' launch paths hold it).
-        self.memo: dict[MemoKey, Tiling] = {}
+        #: The answers remembered, each with its counter of launches (:meth:`remember`); never
+        #: rebound (the clients' launch paths hold it).
+        self.memo: dict[MemoKey, tuple[Tiling, Iterator[None]]] = {}
         self.provisional: dict[MemoKey, float] = {}
         self.prefetched = False
         self.lock = threading.Lock()
@@ -149,7 +152,7 @@ class ClientCore:
         self._backoff_s = settings.backoff_s
         self._warned: set[object] = set()
         self.misses = MissLedger(self.chip, self.warn_once)
-        self.answers = AnswerTally(self.chip, self.warn_once)
+        self.answers = AnswerTally(self.chip, self.warn_once, self.memo)
         #: The ETag of the bundle last taken, per scope (``kernel`` of the export; ``None``: all).
         self.etags: dict[str | None, str] = {}
         #: The scopes prefetched so far, in order (what a refresh fetches again).
@@ -184,8 +187,13 @@ class ClientCore:
     # -- memory --------------------------------------------------------------------------------
 
     def remember(self, key: MemoKey, tiling: Tiling, final: bool) -> Tiling:
-        """Keep ``tiling`` for ``key``: for good, or (``final`` False) for ``recheck_s`` and the back-off."""
-        self.memo[key] = tiling
+        """Keep ``tiling`` for ``key``: for good, or (``final`` False) for ``recheck_s`` and the back-off;
+        with a new counter of its launches, which counts this one unless a server lookup gave it
+        (the server counts those)."""
+        counter = self.answers.counter(key, tiling.match)
+        if tiling.source != "server":
+            next(counter)
+        self.memo[key] = (tiling, counter)
         if final:
             self.provisional.pop(key, None)
         else:
@@ -205,11 +213,6 @@ class ClientCore:
         """Drop remembered answers (new entries arrived)."""
         self.memo.clear()
         self.provisional.clear()
-
-    def served(self, tiling: Tiling) -> None:
-        """Count an answer just decided, unless a server lookup gave it (the server counts those)."""
-        if tiling.source != "server":
-            next(self.answers.counters[tiling.match])
 
     # -- server health -------------------------------------------------------------------------
 

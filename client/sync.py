@@ -23,7 +23,7 @@ from types import TracebackType
 
 import httpx
 
-from tiletune.client.answers import stats_call
+from tiletune.client.answers import STATS_REPORT_ATTEMPTS, stats_call
 from tiletune.client.api import ServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey
@@ -54,7 +54,6 @@ class ConfigClient:
         self.core = ClientCore(chip, settings or ClientSettings())
         self.url = url
         self._memo = self.core.memo  # the launch path's, bound once (the core never rebinds it)
-        self._served = self.core.answers.counters
         self._api = (
             ServiceApi(url, token, transport=transport, timeout_s=self.core.settings.timeout_s)
             if url
@@ -80,8 +79,8 @@ class ConfigClient:
         A known key costs one dict lookup and one count (of the answers served, for the stats reports).
         """
         try:  # a subscript, not .get(): no call on the hit path but the count's
-            found = self._memo[(kernel, dtype, tuple(shape.items()))]
-            next(self._served[found.match])  # counted for the stats reports: one C call
+            found, launched = self._memo[(kernel, dtype, tuple(shape.items()))]
+            next(launched)  # the answer's launches, for the stats reports: one C call
             return found
         except KeyError:  # not answered yet
             pass
@@ -109,7 +108,6 @@ class ConfigClient:
             )
             tiling, final = core.default(kernel, shape, dtype), False
         core.misses.note(tiling.match, kernel, shape, dtype)
-        core.served(tiling)
         self._start_reporter()
         return core.remember(key, tiling, final)
 
@@ -212,16 +210,20 @@ class ConfigClient:
     def flush_stats(self) -> bool:
         """Report the answers served without the server since the last report, in one request
         (none when there are none, or reporting is off); ``False`` when that failed (see
-        :meth:`AnswerTally.failed <tiletune.client.answers.AnswerTally.failed>`). Never raises."""
-        stats = self.core.answers.take() if self._api is not None else None
-        if stats is None or self._api is None:
+        :meth:`AnswerTally.failed <tiletune.client.answers.AnswerTally.failed>`; a server that
+        refuses the per-key counts gets the answers again at once, without them). Never raises."""
+        for _ in range(STATS_REPORT_ATTEMPTS):
+            stats = self.core.answers.take() if self._api is not None else None
+            if stats is None or self._api is None:
+                return True
+            try:
+                self._api.send(self.core.report_call(stats_call(stats)))
+            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+                if self.core.answers.failed(stats, error):
+                    continue
+                return False
             return True
-        try:
-            self._api.send(self.core.report_call(stats_call(stats)))
-        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
-            self.core.answers.failed(stats, error)
-            return False
-        return True
+        return False
 
     def _start_reporter(self) -> None:
         if self._reporter is None and self._api is not None and not self._stop.is_set():

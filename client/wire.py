@@ -242,8 +242,41 @@ class ErrorBody(_Response):
 # -- measurements --------------------------------------------------------------------------------
 
 
+#: A CPU frequency governor's name, or the distinct names of several CPUs joined by commas.
+GovernorText = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.,-]+$")]
+#: A clock in MHz (0 to 100 GHz, finite).
+Mhz = Annotated[float, Field(ge=0, le=1e5, allow_inf_nan=False)]
+#: A load average (runnable tasks), finite.
+LoadAverage = Annotated[float, Field(ge=0, le=1e6, allow_inf_nan=False)]
+
+
+class ConditionsWire(_Request):
+    """The machine's state around one measurement (``tiletune.kernels.conditions``).
+
+    The host's: its CPU frequency governor (None: not exposed, as in many containers), its 1- and
+    5-minute load averages and its mean CPU clock. An accelerator's besides: its clock (SM on
+    CUDA, AI Core on NPU), its rated maximum, their ratio ``clock_fraction`` and its temperature.
+    ``clock_repeats``: how often the measurement was taken again for a clock under the minimum
+    fraction; ``low_clock``: still under it after the last repeat.
+    """
+
+    device_kind: Literal["cpu", "cuda", "npu"]
+    governor: GovernorText | None = None
+    load_1m: LoadAverage | None = None
+    load_5m: LoadAverage | None = None
+    cpu_mhz: Mhz | None = None
+    clock_mhz: Mhz | None = None
+    max_clock_mhz: Mhz | None = None
+    clock_fraction: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
+    temperature_c: Annotated[float, Field(ge=-100, le=300, allow_inf_nan=False)] | None = None
+    clock_repeats: int = Field(default=0, ge=0, le=100, strict=True)
+    low_clock: bool = Field(default=False, strict=True)
+
+
 class MeasurementWire(_Request):
-    """Statistics of repeated timed runs of one config, in milliseconds."""
+    """Statistics of repeated timed runs of one config, in milliseconds per launch; ``conditions``:
+    the machine's state meanwhile (None from workers that do not send it); ``launches_per_sample``:
+    the back-to-back calls each sample timed (1 from workers that do not send it)."""
 
     median_ms: Millis
     p10_ms: Millis
@@ -251,6 +284,8 @@ class MeasurementWire(_Request):
     min_ms: Millis
     samples: int = Field(ge=1, le=10**9, strict=True)
     pruned: bool = False
+    launches_per_sample: int = Field(default=1, ge=1, le=10**9, strict=True)
+    conditions: ConditionsWire | None = None
 
 
 # -- sweeps and jobs -------------------------------------------------------------------------------
@@ -696,6 +731,22 @@ class HistoryPoint(_Response):
     job_id: int | None
 
 
+class ConditionsPublic(_Response):
+    """A measured trial's conditions as stored (fields: :class:`ConditionsWire`)."""
+
+    device_kind: str
+    governor: str | None = None
+    load_1m: float | None = None
+    load_5m: float | None = None
+    cpu_mhz: float | None = None
+    clock_mhz: float | None = None
+    max_clock_mhz: float | None = None
+    clock_fraction: float | None = None
+    temperature_c: float | None = None
+    clock_repeats: int = 0
+    low_clock: bool = False
+
+
 class TrialPublic(_Response):
     """One trial of a job: a searched config (``number`` set) or a validation run, and its outcome."""
 
@@ -711,6 +762,7 @@ class TrialPublic(_Response):
     reason: str | None
     asked_at: datetime
     told_at: datetime | None
+    conditions: ConditionsPublic | None = None
 
 
 # -- misses: shapes clients asked for that nobody tuned ---------------------------------------------
@@ -776,22 +828,40 @@ class AnswerCounts(_Request):
     default: AnswerCount = 0
 
 
+#: The most keys one client stats report carries (the client sends its most launched).
+MAX_REPORTED_KEYS = 100
+
+
+class KeyLaunches(_Request):
+    """How often a client launched one key (from its own caches) since its last report."""
+
+    kernel: Identifier
+    shape: Shape
+    dtype: Annotated[str, Field(max_length=16)]
+    count: AnswerCount = Field(gt=0)
+
+
 class ClientStatsCreate(_Request):
     """What a client served itself since its last report: the answers its launches got from its
     own caches and defaults (not from a server lookup, which the server counts), by match.
 
     ``chip`` is the chip the client serves; the server counts the answers, never the chip, in
-    its metrics (no name a caller chose reaches a label).
+    its metrics (no name a caller chose reaches a label). ``keys`` (optional; older clients send
+    none): the launches of its most launched keys, at most :data:`MAX_REPORTED_KEYS`, which the
+    server stores per key and chip to re-tune the most used keys first after a software change.
     """
 
     chip: Name
     answers: AnswerCounts
+    keys: list[KeyLaunches] = Field(default_factory=list, max_length=MAX_REPORTED_KEYS)
 
 
 class ClientStatsPublic(_Response):
-    """How many answers the server counted (the sum of the report's counts)."""
+    """How many answers the server counted (the sum of the report's counts), and of the report's
+    ``keys`` how many it counted (those of kernels, shapes and dtypes it knows)."""
 
     accepted: int
+    keys: int = 0
 
 
 # -- tokens ----------------------------------------------------------------------------------------

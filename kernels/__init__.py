@@ -19,6 +19,8 @@ Layout: one package per kernel, its declaration beside its implementations:
 - ``pipeline``: the tiled pipeline executor the portable implementations share;
 - ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
 - ``device``: devices: chip identity, limits, timers;
+- ``conditions``: the machine's state around a measurement (governor, load, clocks), the clock
+  check and the accelerators' flush default; ``device_clock``: NVML's and npu-smi's readings;
 - ``launcher``: ``launch``: run a kernel under the config a client gives for the call's shape;
 - ``defaults``: what the kernels hand a runtime client (``client_settings``);
 - ``peaks``: chips' peak throughput; ``errors``: input errors naming the field.

@@ -16,7 +16,8 @@ implementation: a :class:`KernelDeclaration` declares, once,
 - ``flops`` and ``bytes_moved`` for achieved GFLOP/s and GB/s; ``tensor_bytes`` and
   ``workspace_bytes``: the bytes of each tensor of a call and of what its bench holds besides,
   which bound the shapes a caller may name and a server may bench;
-- ``tolerances``: how close a run must come to the reference, per dtype.
+- ``tolerances``: how close a run must come to the reference, per dtype;
+- ``build_knobs``: the knobs fixed at build time (a config is then a build), none by default.
 
 The torch half (inputs, reference, run, the backends built here) is
 :class:`tiletune.kernels.spec.KernelSpec`, which subclasses this one. A server imports only
@@ -212,6 +213,10 @@ class KernelDeclaration(ABC):
     #: ``softmax_backward``); None where the backward needs no kernel of its own (``add``) or is
     #: other kernels' calls (``matmul``: see :meth:`backward_keys`).
     backward_kernel: str | None = None
+    #: The knobs fixed when the kernel is built (template parameters: each of their combinations is a
+    #: build, :mod:`tiletune.kernels.build_cache`); the others are passed at run time. To the server,
+    #: the search and the clients they are knobs like any other.
+    build_knobs: tuple[str, ...] = ()
 
     # -- shapes and configs -------------------------------------------------
 
@@ -300,6 +305,11 @@ class KernelDeclaration(ABC):
                 )
             config[name] = value
         return config
+
+    def build_values(self, config: Config) -> Config:
+        """The values of ``config``'s build-time knobs (:attr:`build_knobs`), which name its build;
+        empty for a kernel whose knobs are all passed at run time."""
+        return {name: config[name] for name in self.build_knobs}
 
     def canonical_shape(self, shape: Shape) -> str:
         """The shape's canonical string, dims in spec order: ``m=64,n=64,k=64`` (a left-out dim

@@ -46,6 +46,10 @@ BUILTIN_KERNELS = (
     "fused_attention",
     "fused_attention_backward",
 )
+#: The built-in kernels whose configs are builds (their tiles fixed at build time,
+#: :mod:`tiletune.kernels.build_cache`), each a package of ``tiletune.kernels`` with a ``declaration``
+#: module (``DECLARATIONS``) and a ``spec`` module (``SPEC``).
+BUILD_TIME_KERNELS = ("compiled_matmul",)
 
 
 def as_declaration(obj: object, origin: str) -> KernelDeclaration:
@@ -59,9 +63,9 @@ def as_declaration(obj: object, origin: str) -> KernelDeclaration:
 
 
 def builtin_declarations() -> dict[str, KernelDeclaration]:
-    """The declarations of the kernels shipped with tiletune, by name."""
+    """The declarations of the kernels shipped with tiletune, by name (the build-time ones last)."""
     declared: dict[str, KernelDeclaration] = {}
-    for kernel in BUILTIN_KERNELS:
+    for kernel in (*BUILTIN_KERNELS, *BUILD_TIME_KERNELS):
         module = importlib.import_module(f"tiletune.kernels.{kernel}.declaration")
         for obj in module.DECLARATIONS:
             declaration = as_declaration(obj, f"tiletune.kernels.{kernel}.declaration")

@@ -38,3 +38,9 @@ class DTypeError(InputError):
 
 class DeviceUnavailableError(RuntimeError):
     """The requested device (cuda, npu) is not present or its runtime is not installed."""
+
+
+class DeviceError(RuntimeError):
+    """A kernel run failed on the device in a way that may leave its context unusable (an illegal
+    memory access, an AI core exception). A kernel raises it to say so; an isolated worker then fails
+    the config with this error and measures the next ones in a fresh process."""

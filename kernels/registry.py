@@ -25,7 +25,7 @@ import importlib.metadata
 import warnings
 from functools import cache
 
-from tiletune.kernels.declarations import BUILTIN_KERNELS, KERNELS_ENTRY_POINT_GROUP
+from tiletune.kernels.declarations import BUILD_TIME_KERNELS, BUILTIN_KERNELS, KERNELS_ENTRY_POINT_GROUP
 from tiletune.kernels.errors import UnknownKernelError
 from tiletune.kernels.replay.declaration import REPLAY_KIND
 from tiletune.kernels.replay.spec import is_replay_kernel, registered_replay_kernels
@@ -55,11 +55,23 @@ def builtin_kernels() -> dict[str, KernelSpec]:
     return {spec.name: spec for spec in specs}
 
 
+def build_time_kernels() -> dict[str, KernelSpec]:
+    """The kernels shipped with tiletune whose configs are builds (``compiled_matmul``), by name:
+    each package's ``spec`` module (importing it compiles nothing)."""
+    modules = [f"tiletune.kernels.{kernel}.spec" for kernel in BUILD_TIME_KERNELS]
+    specs = [_as_spec(importlib.import_module(module).SPEC, module) for module in modules]
+    return {spec.name: spec for spec in specs}
+
+
 @cache
 def all_kernels() -> dict[str, KernelSpec]:
-    """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, then plugin kernels
-    from the ``tiletune.kernels`` entry points. Read once per process."""
-    kernels: dict[str, KernelSpec] = {**builtin_kernels(), **registered_replay_kernels()}
+    """Built-ins (the build-time ones last), the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is
+    set, then plugin kernels from the ``tiletune.kernels`` entry points. Read once per process."""
+    kernels: dict[str, KernelSpec] = {
+        **builtin_kernels(),
+        **build_time_kernels(),
+        **registered_replay_kernels(),
+    }
     for entry in importlib.metadata.entry_points(group=KERNELS_ENTRY_POINT_GROUP):
         try:
             spec = _as_spec(entry.load(), f"entry point {entry.name} ({entry.value})")

@@ -68,9 +68,11 @@ async def report_client_stats(
     stats: ClientStatsCreate, request: Request, caller: TokenHolderDep, limit: MissLimitDep
 ) -> ClientStatsPublic:
     """Count the answers a client served from its own caches and defaults since its last report
-    into ``tiletune_client_answers_total`` (by answer; this replica's metrics, nothing stored).
-    Each count is at most ``MAX_REPORTED_ANSWERS`` (10^8) a report: beyond, 422 naming it, and
-    nothing is counted.
+    into ``tiletune_client_answers_total`` (by answer; this replica's metrics). Each count is at
+    most ``MAX_REPORTED_ANSWERS`` (10^8) a report: beyond, 422 naming it, and nothing is counted.
+    The optional ``keys`` (launches of its most launched keys, at most 100) are added to the
+    chip's launches per key, which re-tuning ranks stale keys by; entries naming a kernel, shape
+    or dtype this server does not know are passed over (``keys`` in the answer: those counted).
 
     Limited as miss reports are (``TILETUNE_MISS_REPORTS_PER_S`` a second per token, bursts of
     ``TILETUNE_MISS_REPORT_BURST``), in buckets of their own: a client's stats never use up its
@@ -78,5 +80,7 @@ async def report_client_stats(
     """
     if not limit.allow(("client-stats", caller.token_id)):
         raise RateLimitedError("too many client stats reports from this token", limit.retry_after_s())
-    metrics: ServiceMetrics = request.app.state.services.metrics
-    return ClientStatsPublic(accepted=metrics.clients_answered(stats.answers.model_dump()))
+    services = request.app.state.services
+    metrics: ServiceMetrics = services.metrics
+    counted = services.reads.usage.count_reported(stats.chip, stats.keys) if stats.keys else 0
+    return ClientStatsPublic(accepted=metrics.clients_answered(stats.answers.model_dump()), keys=counted)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from pydantic import Field
 
 from tiletune.client.wire import (
@@ -46,12 +46,19 @@ router = APIRouter(prefix="/v1", tags=["workers"])
 
 
 @router.post("/workers", status_code=201)
-def register_worker(worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerDep) -> WorkerPublic:
+def register_worker(
+    worker: WorkerCreate, protocol: ProtocolDep, caller: WorkerDep, request: Request
+) -> WorkerPublic:
     """Register a worker with its chip (name, limits), backends and software, under the caller's token.
 
     403 for a chip other than the worker token's own (its first registration binds an unbound one).
+    Software new to the chip turns its bests measured with other software stale: right after, the
+    most launched of them are queued for re-tuning, at most ``TILETUNE_RETUNE_BUDGET`` per change
+    (see ``tiletune.service.retune``).
     """
-    return protocol.register(worker, caller)
+    registered = protocol.register(worker, caller)
+    request.app.state.services.retune.after_registration(worker.chip.name)
+    return registered
 
 
 WorkersLimit = Annotated[int, Query(ge=1, le=WORKERS_PAGE_MAX, description="the most workers listed")]

@@ -51,6 +51,7 @@ from tiletune.service.queue import JobQueue, LeaseSettings
 from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.reads import Reads
 from tiletune.service.request_ids import RequestIds, current_request_id
+from tiletune.service.retune import RetunePolicy, Retuner
 from tiletune.service.searches import SearchHost
 from tiletune.service.settings import Settings
 
@@ -96,6 +97,8 @@ class Services:
     metrics: ServiceMetrics
     #: Failed authentications by client address (``TILETUNE_AUTH_FAILURES_PER_S``, ``..._BURST``).
     auth_failures: RateLimiter
+    #: Re-tuning after software changes (``TILETUNE_RETUNE_BUDGET``).
+    retune: Retuner
 
 
 def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
@@ -127,17 +130,25 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         tokens.bootstrap(settings.admin_token.get_secret_value())
     if settings.worker_token is not None:
         tokens.provision_worker(settings.worker_token.get_secret_value())
+    read_side = Reads.of(db, settings.index_check_s, settings.lookup_cache_s, metrics)
+    retune = RetunePolicy(
+        budget=settings.retune_budget,
+        trials=settings.miss_trials,
+        max_shape_bytes=settings.max_shape_bytes,
+        max_jobs_per_sweep=settings.max_jobs_per_sweep,
+    )
     return Services(
         settings,
         db,
         queue,
         WorkerProtocol(db, queue, SearchHost(), metrics, settings.workers_create_chips),
-        Reads.of(db, settings.index_check_s, settings.lookup_cache_s, metrics),
+        read_side,
         misses,
         tokens,
         RateLimiter(settings.miss_reports_per_s, settings.miss_report_burst),
         metrics,
         RateLimiter(settings.auth_failures_per_s, settings.auth_failure_burst),
+        Retuner(db, read_side.usage, retune),
     )
 
 
@@ -253,7 +264,8 @@ def _load_index(services: Services) -> None:
 
 def _reap_forever(services: Services, stop: threading.Event) -> None:
     """Every ``reap_interval_s``: return expired leases' jobs to the queue, then run a demand pass
-    (the demand budget's hour slides on; keys whose live job ended become eligible)."""
+    (the demand budget's hour slides on; keys whose live job ended become eligible), store the
+    launches per key and plan re-tuning for software changes not planned yet."""
     while not stop.wait(services.settings.reap_interval_s):
         try:
             reaped = services.protocol.reap()
@@ -269,6 +281,20 @@ def _reap_forever(services: Services, stop: threading.Event) -> None:
         else:
             if demanded:
                 log.info("queued %d demand job(s) for missed keys", len(demanded))
+        _retune_pending(services)
+
+
+def _retune_pending(services: Services) -> None:
+    """Store this replica's launches per key, then plan any software change not planned yet."""
+    try:
+        services.reads.usage.flush(services.db)
+        planned = services.retune.plan_pending()
+    except Exception:
+        log.exception("storing launches or planning re-tuning failed; trying again")
+    else:
+        for plan in planned:
+            if plan.job_ids:
+                log.info("queued %d re-tuning job(s) for chip %d", len(plan.job_ids), plan.chip_id)
 
 
 def _error(

@@ -107,7 +107,8 @@ ROUTE_BODIES: dict[str, RouteBody] = {
     "POST /v1/configs/import": RouteBody(None, ConfigBundle, Role.ADMIN),  # as many configs as fit
     # 230,002 values, 21.5 MiB at most: the ceiling
     "POST /v1/misses": RouteBody(None, MissesCreate, Role.READER, max_values=250_000),
-    "POST /v1/client-stats": RouteBody(2 * KIB, ClientStatsCreate, Role.READER),  # 881 bytes at most
+    # 145 KiB at most (100 keys of 16 dims)
+    "POST /v1/client-stats": RouteBody(256 * KIB, ClientStatsCreate, Role.READER),
     "POST /v1/tokens": RouteBody(2 * KIB, TokenCreate, Role.ADMIN),  # 1,637 bytes at most
     "POST /signin": _FORM,
     "POST /signout": _FORM,

@@ -16,6 +16,9 @@ Tables:
   chip) and ``promotions`` (every promotion, for history);
 - ``misses`` (keys clients answered with ``nearest`` or ``default``: how
   often, and the demand job queued for them; see ``tiletune.service.misses``);
+- ``key_usage`` (launches per key and chip: server lookups and clients' per-key counts; see
+  ``tiletune.service.key_usage``), ``retune_plans`` and ``retunes`` (stale keys queued for
+  re-tuning after a software change; see ``tiletune.service.retune``);
 - ``browser_sessions`` (a signed-in browser: its session id's digest and the token that
   signed in; see ``tiletune.service.dashboard.session``).
 """
@@ -262,6 +265,9 @@ class TrialRow(Base):
     reason: Mapped[str | None] = mapped_column(Text)
     asked_at: Mapped[datetime]
     told_at: Mapped[datetime | None]
+    #: The machine's state while the trial was measured (``ConditionsWire``); NULL when its
+    #: worker sent none (an older release) or it was not measured.
+    conditions: Mapped[JsonDict | None]
 
 
 class BestConfigRow(Base):
@@ -343,3 +349,65 @@ class MissRow(Base):
     #: The bytes a bench of the key holds (``KernelDeclaration.allocated_bytes``), set by each report: demand
     #: passes over keys above ``TILETUNE_MAX_SHAPE_BYTES``. ``None``: not reported since revision 0006.
     bench_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class KeyUsageRow(Base):
+    """How often one key (kernel, version, canonical shape, dtype) was launched on a registered chip:
+    the server's exact lookups of it and the per-key counts clients report with their stats
+    (see :mod:`tiletune.service.key_usage`). Re-tuning after a software change takes the most
+    launched stale keys first."""
+
+    __tablename__ = "key_usage"
+    __table_args__ = (UniqueConstraint("chip_id", "kernel", "kernel_version", "shape_key", "dtype"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    dtype: Mapped[str] = mapped_column(String(16))
+    launches: Mapped[int] = mapped_column(BigInteger)
+    last_seen_at: Mapped[datetime]
+
+
+class RetunePlanRow(Base):
+    """One chip's re-tuning planned for one software change (at most one per chip and software):
+    how many of its keys were stale then and how many jobs it queued
+    (see :mod:`tiletune.service.retune`)."""
+
+    __tablename__ = "retune_plans"
+    __table_args__ = (UniqueConstraint("chip_id", "software_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    software_id: Mapped[int] = mapped_column(ForeignKey("software.id"))
+    stale: Mapped[int] = mapped_column(Integer)
+    queued: Mapped[int] = mapped_column(Integer)
+    planned_at: Mapped[datetime]
+
+
+class RetuneRow(Base):
+    """A stale best config queued for re-tuning after its chip's software changed: the key, the job,
+    the best it had then (``old_*``: served until the job's validation promotes a config that beat it
+    in the same run) and the launches that ranked it."""
+
+    __tablename__ = "retunes"
+    __table_args__ = (
+        UniqueConstraint("software_id", "kernel", "kernel_version", "shape_key", "dtype"),
+        Index(None, "chip_id", "queued_at"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    chip_id: Mapped[int] = mapped_column(ForeignKey("chips.id"))
+    #: The software whose registration made the key stale (the chip's newest then).
+    software_id: Mapped[int] = mapped_column(ForeignKey("software.id"))
+    kernel: Mapped[str] = mapped_column(String(64))
+    kernel_version: Mapped[int]
+    shape_key: Mapped[str] = mapped_column(String(500))
+    dtype: Mapped[str] = mapped_column(String(16))
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id"))
+    old_config: Mapped[JsonDict]
+    old_ms: Mapped[float] = mapped_column(Float)
+    old_software_id: Mapped[int | None]
+    launches: Mapped[int] = mapped_column(BigInteger)
+    queued_at: Mapped[datetime]

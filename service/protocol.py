@@ -11,8 +11,10 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
   (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default and the key's
   current best), to be measured interleaved;
 - ``tell`` is idempotent per trial: a repeated outcome is counted once;
-- ``complete`` promotes the fastest validated config only when it beats the key's current
-  best in that same run (:func:`tiletune.tuner.search.finalists.judge`), then ends the job;
+- ``complete`` promotes a config only when it beats the default (else the default is the
+  answer), then the key's current best, beyond that same run's spread
+  (:func:`tiletune.tuner.search.finalists.judge`), then ends the job; a kept best measured
+  with older software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
   they are asked again. Only trials under live leases are held: a trial left ``asked`` under
   a lease that is over (a crash between the reaper's commit and the abandon step) is
@@ -61,6 +63,7 @@ from tiletune.service.lifecycle import Event
 from tiletune.service.metrics import ServiceMetrics
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
+from tiletune.service.retune import revalidate
 from tiletune.service.searches import SearchHost
 from tiletune.service.trials import (
     asked_again,
@@ -71,7 +74,7 @@ from tiletune.service.trials import (
 )
 from tiletune.service.views import job_public, worker_public
 from tiletune.service.warm_start import warm_start_configs
-from tiletune.tuner.search.finalists import finalists, judge
+from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search
 
 
@@ -320,7 +323,7 @@ class WorkerProtocol:
             measured = [(row, row.median_ms) for row in rows if row.median_ms is not None]
             incumbent = configs.best_row(session, JobKey.of(job))
             verdict = judge(
-                [(row.config, ms) for row, ms in measured],
+                [Timing(row.config, ms, row.p90_ms) for row, ms in measured],
                 job.default_config,
                 incumbent.config if incumbent is not None else None,
             )
@@ -345,6 +348,12 @@ class WorkerProtocol:
                 configs.promote(session, JobKey.of(job), winner, self.db.clock())
                 session.flush()
                 failpoints.reach("complete.promoted")
+            elif incumbent is not None:  # the key's best won the run: measured with this software
+                software_id = self.queue.worker_of(session, lease).software_id
+                default_ms, now = verdict.default_ms, self.db.clock()
+                revalidate(
+                    session, incumbent, winner_row, software_id=software_id, default_ms=default_ms, now=now
+                )
             lifecycle.move(job, Event.VALIDATED, self.db.clock())
             self.queue.end(session, lease, job, "completed", failed=False)
             self.searches.forget(job.id)

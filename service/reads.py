@@ -2,14 +2,15 @@
 
 :meth:`Reads.lookup` is the single-key lookup as the route answers it: the key parsed (from the
 cache of recent shape texts), then an exact hit served from the index as its pre-serialised
-body, with no thread-pool hop, no ORM and no validation; anything else (nearest, default, not
-found) through :func:`tiletune.service.lookup.lookup` in the thread pool, its answer kept per
-index version (:class:`~tiletune.service.lookup.LookupCache`).
+body, with no thread-pool hop, no ORM and no validation (counted per key in memory:
+:class:`~tiletune.service.key_usage.KeyUsage`, what re-tuning ranks stale keys by); anything else
+(nearest, default, not found) through :func:`tiletune.service.lookup.lookup` in the thread pool,
+its answer kept per index version (:class:`~tiletune.service.lookup.LookupCache`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi.concurrency import run_in_threadpool
 
@@ -18,6 +19,7 @@ from tiletune.service.database import Database
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.exports import Exports
 from tiletune.service.index import BestIndex
+from tiletune.service.key_usage import KeyUsage
 from tiletune.service.lookup import LookupCache, ShapeTexts, lookup
 from tiletune.service.metrics import ServiceMetrics
 
@@ -32,6 +34,8 @@ class Reads:
     shapes: ShapeTexts
     answers: LookupCache
     metrics: ServiceMetrics
+    #: Exact lookups per key since the last flush (:meth:`KeyUsage.flush`).
+    usage: KeyUsage = field(default_factory=KeyUsage)
 
     @classmethod
     def of(cls, db: Database, index_check_s: float, lookup_cache_s: float, metrics: ServiceMetrics) -> Reads:
@@ -45,9 +49,11 @@ class Reads:
             raise InvalidInputError(f"match must be one of {list(MATCH_KINDS)}, got {match!r}", field="match")
         key = self.shapes.parse(kernel, shape, dtype)
         snapshot = await self.index.current()
-        entry = snapshot.entries.get((key.spec.name, key.spec.version, key.shape_key, dtype, chip))
+        indexed = (key.spec.name, key.spec.version, key.shape_key, dtype, chip)
+        entry = snapshot.entries.get(indexed)
         if entry is not None:
             self.metrics.lookup("exact")
+            self.usage.count(indexed)
             return entry.lookup_body
         asked = (kernel, shape, dtype, chip, match)
         cached = self.answers.get(asked, snapshot.version)

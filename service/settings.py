@@ -41,6 +41,11 @@ class Settings(BaseSettings):
     - ``demand_jobs_per_chip_hour``: the demand budget, the most jobs misses may queue on one
       chip in any hour, counted in the store across replicas (the most missed keys first; 0
       turns demand-driven tuning off);
+    - ``retune_budget``: when a worker registers software new to its chip (a torch, CANN or
+      driver upgrade: the chip's best configs measured with other software turn stale), the most
+      re-tuning jobs queued for that chip and change: its stale keys launched most first (server
+      lookups, clients' per-key counts and misses), ``miss_trials`` each (see
+      ``tiletune.service.retune``; 0 turns re-tuning off);
     - ``admin_token``: the first admin token of a database without one (a deployment's secret;
       without it ``tiletune server`` makes one and shows it once);
     - ``worker_token``: a deployment's secret for its workers (their ``TILETUNE_TOKEN``): made the
@@ -91,6 +96,7 @@ class Settings(BaseSettings):
     miss_reports_per_s: float = Field(default=1.0, ge=0)
     miss_report_burst: int = Field(default=30, ge=1)
     demand_jobs_per_chip_hour: int = Field(default=20, ge=0, le=100_000)
+    retune_budget: int = Field(default=20, ge=0, le=10_000)
     admin_token: SecretStr | None = None
     worker_token: SecretStr | None = None
     open_reads: bool | None = None

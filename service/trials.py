@@ -10,11 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import CompleteCreate, Task, TrialOutcome, TrialState
+from tiletune.client.wire import CompleteCreate, MeasurementWire, Task, TrialOutcome, TrialState
 from tiletune.service.errors import ConflictError, InvalidInputError
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
 
@@ -57,6 +58,7 @@ def record_outcome(job: JobRow, trial: TrialRow, outcome: TrialOutcome, now: dat
         trial.min_ms = measurement.min_ms
         trial.samples = measurement.samples
         trial.pruned = measurement.pruned
+        trial.conditions = stored_conditions(measurement)
         job.completed += 1
         if job.best_ms is None or measurement.median_ms < job.best_ms:
             job.best_ms = measurement.median_ms
@@ -71,6 +73,13 @@ def record_outcome(job: JobRow, trial: TrialRow, outcome: TrialOutcome, now: dat
         trial.state = TrialState.FAILED
         trial.reason = outcome.error
         job.failed += 1
+
+
+def stored_conditions(measurement: MeasurementWire | None) -> dict[str, Any] | None:
+    """A measurement's conditions as the trials table stores them (JSON; None when not sent)."""
+    if measurement is None or measurement.conditions is None:
+        return None
+    return measurement.conditions.model_dump(mode="json")
 
 
 def validation_rows(
@@ -93,6 +102,7 @@ def validation_rows(
             p90_ms=m.p90_ms if m else None,
             min_ms=m.min_ms if m else None,
             samples=m.samples if m else None,
+            conditions=stored_conditions(m),
             reason=result.error,
             asked_at=now,
             told_at=now,

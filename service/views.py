@@ -15,6 +15,7 @@ from tiletune.client.wire import (
     ANY_BACKEND,
     LIVE_JOB_STATES,
     BestConfigPublic,
+    ConditionsPublic,
     HistoryPoint,
     JobProgress,
     JobPublic,
@@ -187,6 +188,7 @@ def trial_public(row: TrialRow) -> TrialPublic:
         reason=row.reason,
         asked_at=aware(row.asked_at),
         told_at=aware(row.told_at) if row.told_at is not None else None,
+        conditions=ConditionsPublic.model_validate(row.conditions) if row.conditions else None,
     )
 
 

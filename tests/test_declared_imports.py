@@ -109,13 +109,13 @@ def test_the_check_names_the_module_the_import_and_the_distribution(tmp_path: Pa
     module = tmp_path / "lazy.py"
     module.write_text(
         "from __future__ import annotations\nimport json\nimport httpx\nfrom tiletune.client import wire\n"
-        "def later() -> None:\n    import yaml\n    from torch import nn\n"
+        "def later() -> None:\n    import zmq\n    from torch import nn\n"
     )
-    installers = {"yaml": ["PyYAML"], "httpx": ["httpx"], "torch": ["torch"]}
+    installers = {"zmq": ["pyzmq"], "httpx": ["httpx"], "torch": ["torch"]}
     as_client = undeclared_imports(module, declared(extras=False), installers)
-    assert [(u.name, u.distributions) for u in as_client] == [("torch", ("torch",)), ("yaml", ("pyyaml",))]
-    assert str(as_client[1]) == f"{module}: `import yaml` needs pyyaml, not declared"
+    assert [(u.name, u.distributions) for u in as_client] == [("torch", ("torch",)), ("zmq", ("pyzmq",))]
+    assert str(as_client[1]) == f"{module}: `import zmq` needs pyzmq, not declared"
     anywhere_else = undeclared_imports(module, declared(extras=True), installers)
-    assert [u.name for u in anywhere_else] == ["yaml"]
+    assert [u.name for u in anywhere_else] == ["zmq"]
     not_installed = undeclared_imports(module, frozenset({"httpx", "torch"}), {})
-    assert [(u.name, u.distributions) for u in not_installed] == [("yaml", ("yaml",))]
+    assert [(u.name, u.distributions) for u in not_installed] == [("zmq", ("zmq",))]

@@ -269,7 +269,13 @@ def cmd_worker(args: argparse.Namespace) -> None:
     _log_to_stderr(args)
     try:
         worker = Worker.connect(
-            url, token, backend=args.backend, name=args.name, batch=args.batch, device=device
+            url,
+            token,
+            backend=args.backend,
+            name=args.name,
+            batch=args.batch,
+            device=device,
+            isolate=args.isolate,
         )
     except DeviceUnavailableError as error:
         raise BadInputError("backend", str(error)) from None
@@ -407,6 +413,13 @@ def add_worker_parser(commands: Commands) -> None:
         default=True,
         help="CPU workers: build the native CPU kernels before registering, once into $TILETUNE_NATIVE_DIR "
         "(default: on; a failed build is logged and the worker runs without the native_* kernels)",
+    )
+    worker.add_argument(
+        "--isolate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="measure in a warm child process with a time limit per trial, so a config that crashes, "
+        "hangs or breaks the device fails alone (default: on; replay workers never isolate)",
     )
     add_log_options(worker)
     worker.set_defaults(handler=cmd_worker, extra="worker")

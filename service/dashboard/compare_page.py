@@ -7,6 +7,10 @@
   the chip's software fingerprints): per key, the latest promotion under each software (the
   largest promotion id of the key and software), joined on the key; the same times and ratio.
 
+With a chip chosen, the page also shows the chip's re-tuning (``table=retunes``: stale keys
+queued after a software change, their job's state, and old against new time once done; see
+:mod:`tiletune.service.dashboard.retune_table`).
+
 Regressions first (ratio descending; ``sort`` may pick another column), filter ``kernel``,
 paged in SQL. A summary, computed in SQL over every common key: how many, the median ratio,
 how many regressed (ratio above :data:`REGRESSED`) and improved (below :data:`IMPROVED`). The
@@ -28,8 +32,19 @@ from sqlalchemy.orm import Session, aliased
 from tiletune.client.wire import MAX_DB_INT
 from tiletune.kernels import all_declarations
 from tiletune.service.dashboard.render import LOG_AXIS, figure, format_ms, render, shape_url
+from tiletune.service.dashboard.retune_table import retune_table
 from tiletune.service.dashboard.session import ViewerDep
-from tiletune.service.dashboard.tables import Column, Format, Link, Paging, Table, download, paging, sort_key
+from tiletune.service.dashboard.tables import (
+    Column,
+    Format,
+    Link,
+    Paging,
+    Table,
+    download,
+    paging,
+    pick,
+    sort_key,
+)
 from tiletune.service.database import aware
 from tiletune.service.dependencies import DatabaseDep
 from tiletune.service.errors import InvalidInputError
@@ -325,6 +340,7 @@ def compare_page(
     kernel: Annotated[str | None, Query(max_length=64)] = None,
     sort: Annotated[str | None, Query(max_length=40)] = None,
     format: Format = "html",
+    table: Annotated[str | None, Query(max_length=40)] = None,
 ) -> Response:
     """The compare page (see the module docstring); ``format=csv|json`` downloads its table."""
     a, b, chip, kernel = a or None, b or None, chip or None, kernel or None
@@ -339,25 +355,28 @@ def compare_page(
     comparison: Comparison | None = None
     with db.read() as session:
         software: list[dict[str, Any]] = []
+        retunes: Table | None = None
         if a and b:
             comparison = chips_comparison(session, a, b, kernel)
         elif chip:
             chip_row = _chip(session, chip, "chip")
             software = software_choices(session, chip_row)
+            retunes = retune_table(session, chip_row.id, page, fingerprint_label)
             if software_a is not None and software_b is not None:
                 comparison = software_comparison(session, chip_row, software_a, software_b, kernel)
         if comparison is not None:
-            table, found = compare_table(session, comparison, sort, page)
+            compared, found = compare_table(session, comparison, sort, page)
         else:
-            table, found = Table("compare", [], [], empty="choose both sides"), None
+            compared, found = Table("compare", [], [], empty="choose both sides"), None
         if format != "html":
-            return download(table, format)
+            return download(pick([compared, *([retunes] if retunes else [])], table), format)
         chips = chip_names(session)
     context = {
-        "table": table,
+        "table": compared,
+        "retunes": retunes,
         "summary": found,
         "comparison": comparison,
-        "chart": compare_chart(table, comparison) if comparison is not None else None,
+        "chart": compare_chart(compared, comparison) if comparison is not None else None,
         "chips": chips,
         "kernels": sorted(all_declarations()),
         "software": software,

@@ -41,6 +41,7 @@ class TrialTuple(NamedTuple):
     samples: int | None
     reason: str | None
     told_at: datetime | None
+    conditions: Mapping[str, Any] | None = None
 
 
 def eta_seconds(told_at: Sequence[datetime], done: int, budget: int) -> float | None:

@@ -18,7 +18,7 @@ and builds every figure and table from them in one pass.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 from urllib.parse import urlencode
 
@@ -90,6 +90,7 @@ _TRIAL_COLUMNS = (
     TrialRow.samples,
     TrialRow.reason,
     TrialRow.told_at,
+    TrialRow.conditions,
 )
 
 
@@ -105,6 +106,7 @@ _TRIAL_TABLE_COLUMNS = (
     Column("samples", "Samples", "number"),
     Column("reason", "Reason"),
     Column("told_at", "Told", "when"),
+    Column("conditions", "Conditions"),
 )
 _TRIAL_TABLE_COLUMN = {column.key: column for column in _TRIAL_TABLE_COLUMNS}
 
@@ -115,7 +117,35 @@ def _trial_columns(*keys: str) -> list[Column]:
 
 
 def _row(trial: TrialTuple) -> dict[str, Any]:
-    return {**trial._asdict(), "told_at": aware(trial.told_at) if trial.told_at is not None else None}
+    told_at = aware(trial.told_at) if trial.told_at is not None else None
+    return {**trial._asdict(), "told_at": told_at, "conditions": conditions_text(trial.conditions)}
+
+
+def conditions_text(conditions: Mapping[str, Any] | None) -> str | None:
+    """A trial's conditions in a cell: ``performance · load 1.20 · 2,600 MHz`` on a CPU,
+    ``1,755/1,980 MHz · 61 °C`` on an accelerator, then ``repeated 2×`` and ``low clock`` when
+    the clock check took it again or flagged it; None when its worker sent none."""
+    if not conditions:
+        return None
+    parts: list[str] = []
+    clock, rated = conditions.get("clock_mhz"), conditions.get("max_clock_mhz")
+    if conditions.get("device_kind") == "cpu":
+        parts.append(conditions.get("governor") or "governor unknown")
+        if conditions.get("load_1m") is not None:
+            parts.append(f"load {conditions['load_1m']:.2f}")
+        if conditions.get("cpu_mhz") is not None:
+            parts.append(f"{conditions['cpu_mhz']:,.0f} MHz")
+    elif clock is not None:
+        parts.append(f"{clock:,.0f}/{rated:,.0f} MHz" if rated is not None else f"{clock:,.0f} MHz")
+    else:
+        parts.append("clock unknown")
+    if conditions.get("temperature_c") is not None:
+        parts.append(f"{conditions['temperature_c']:.0f} °C")
+    if conditions.get("clock_repeats"):
+        parts.append(f"repeated {conditions['clock_repeats']}×")
+    if conditions.get("low_clock"):
+        parts.append("low clock")
+    return " · ".join(parts)
 
 
 def _trial_tables(
@@ -150,7 +180,9 @@ def _trial_tables(
         ),
         "validation": Table(
             "validation",
-            _trial_columns("config", "state", "median_ms", "p10_ms", "p90_ms", "samples", "reason"),
+            _trial_columns(
+                "config", "state", "median_ms", "p10_ms", "p90_ms", "samples", "reason", "conditions"
+            ),
             validation,
             empty="not validated yet: the best configs are re-measured, interleaved, when the search ends",
         ),
@@ -159,6 +191,7 @@ def _trial_tables(
             [
                 *_trial_columns("number", "config", "median_ms", "p10_ms", "p90_ms"),
                 Column("speedup", "vs default", "speedup"),
+                _TRIAL_TABLE_COLUMN["conditions"],
             ],
             top,
             empty="no trial measured yet",

@@ -31,6 +31,7 @@ from tiletune.client.wire import (
     MAX_DB_INT,
     MAX_DIM,
     MAX_REPORTED_ANSWERS,
+    MAX_REPORTED_KEYS,
     MAX_SOFTWARE_TEXT,
     ConfigBundle,
     MissesCreate,
@@ -104,6 +105,10 @@ def _largest_bodies() -> dict[str, Any]:
         "POST /v1/client-stats": {
             "chip": _text(200),
             "answers": dict.fromkeys(("exact", "nearest", "default"), MAX_REPORTED_ANSWERS),
+            "keys": [
+                {"kernel": _name(0), "shape": _dims(16), "dtype": _text(16), "count": MAX_REPORTED_ANSWERS}
+            ]
+            * MAX_REPORTED_KEYS,
         },
         "POST /v1/tokens": {"role": "worker", "name": LETTER * 200, "chip": _text(200)},
     }

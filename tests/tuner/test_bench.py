@@ -189,3 +189,77 @@ def test_compare_with_vendor_adds_the_default_and_a_vendor_row_interleaved() -> 
     assert rows[3]["config"] == too_deep
     assert rows[3]["median_ms"] is None
     assert "buffer_num" in rows[3]["invalid"]
+
+
+# -- samples of several back-to-back launches ----------------------------------------------------------
+
+
+def _spin(duration_us: float) -> Callable[[], None]:
+    """A callable of known cost: it busy-waits ``duration_us`` microseconds."""
+
+    def spin() -> None:
+        end = time.perf_counter_ns() + duration_us * 1e3
+        while time.perf_counter_ns() < end:
+            pass
+
+    return spin
+
+
+class RecordingDevice(CpuDevice):
+    """The real CPU timer, keeping the length of every timed run (all its launches together)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.runs_ms: list[float] = []
+
+    def time_ms(self, fn: Callable[[], object]) -> float:
+        self.runs_ms.append(super().time_ms(fn))
+        return self.runs_ms[-1]
+
+
+def test_a_sample_of_a_tiny_callable_spans_several_launches_and_about_min_sample_ms() -> None:
+    device = RecordingDevice()
+    settings = BenchSettings(
+        min_samples=10, max_samples=10, budget_s=10.0, target_rel_ci=0.0, min_sample_ms=2.0
+    )
+    m = measure(_spin(5.0), device, settings)
+
+    assert m.launches_per_sample > 10  # 5 µs a call: hundreds of calls to fill 2 ms
+    assert m.samples == 10
+    samples_ms = device.runs_ms[settings.warmup_runs :]
+    assert len(samples_ms) == 10
+    # About min_sample_ms: the launch count comes from the fastest warm-up run, which a loaded
+    # machine can slow down; a one-call sample would last 5 µs.
+    assert sorted(samples_ms)[5] >= 0.5 * settings.min_sample_ms, samples_ms
+    assert m.as_dict()["launches_per_sample"] == m.launches_per_sample
+
+
+def test_the_time_per_launch_of_a_callable_of_known_cost_is_right() -> None:
+    settings = BenchSettings(min_samples=10, max_samples=30, budget_s=0.05, min_sample_ms=1.0)
+    m = measure(_spin(20.0), CpuDevice(), settings)
+
+    assert m.launches_per_sample > 1
+    assert 0.020 <= m.median_ms < 0.020 * 1.5, m  # a spin never ends early; the loop adds little
+
+
+def test_interleaved_callables_keep_their_own_launch_counts() -> None:
+    settings = BenchSettings(min_samples=5, max_samples=5, budget_s=0.0, min_sample_ms=1.0)
+    short, long = measure_interleaved([_spin(10.0), _spin(400.0)], CpuDevice(), settings)
+
+    assert short.launches_per_sample > 10 * long.launches_per_sample
+    assert long.launches_per_sample in (2, 3)  # 400 µs a call: 3 to fill 1 ms, 2 if a call ran slow
+    assert 0.010 <= short.median_ms < 0.015, short
+    assert 0.400 <= long.median_ms < 0.6, long
+
+
+def test_a_sample_stays_one_launch_without_warm_up_when_flushing_or_when_turned_off() -> None:
+    base = BenchSettings(min_samples=3, max_samples=3, budget_s=0.0)
+    no_warm_up = measure(_spin(5.0), CpuDevice(), BenchSettings(warmup_runs=0, min_samples=3, max_samples=3))
+    flushing = measure(
+        _spin(5.0), CpuDevice(), BenchSettings(flush_bytes=1 << 16, min_samples=3, max_samples=3)
+    )
+    off = measure_interleaved([_spin(5.0)], CpuDevice(), BenchSettings(min_sample_ms=0.0, budget_s=0.0))
+
+    assert measure(_spin(5.0), CpuDevice(), base).launches_per_sample > 1
+    assert [no_warm_up.launches_per_sample, flushing.launches_per_sample] == [1, 1]
+    assert off[0].launches_per_sample == 1

@@ -90,6 +90,7 @@ def test_worker_help_explains_the_options(capsys: pytest.CaptureFixture[str]) ->
         "--once",
         "--backend",
         "--batch",
+        "--no-isolate",
     ):
         assert option in out
 

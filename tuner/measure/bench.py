@@ -7,7 +7,7 @@ The rules (DESIGN.md, "Measurement"):
   invalid trial with its reason, never an exception that stops a search;
 - warm-up, then repeated timed runs until a time budget is spent or the median
   is known to a target relative confidence; we keep median, p10/p90 and the
-  sample count;
+  sample count; a sample spans back-to-back launches (``min_sample_ms``);
 - timers come from the device (``perf_counter_ns`` on CPU, events on GPUs/NPUs);
 - close candidates are compared by re-measuring them interleaved (A B A B ...)
   in one run, never by comparing numbers taken minutes apart; the kernel's
@@ -16,6 +16,7 @@ The rules (DESIGN.md, "Measurement"):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -25,6 +26,12 @@ from typing import Any
 
 import torch
 
+from tiletune.kernels.conditions import (
+    MeasurementConditions,
+    conditions_reader,
+    default_flush_bytes,
+    measured_at_clock,
+)
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
@@ -47,6 +54,15 @@ class BenchSettings:
     an interleaved run, the harness sleeps this long so the thread pool a previous callable
     woke (torch's OpenMP team spins after a parallel op) has gone back to sleep; every
     candidate then starts from the same idle machine, whatever ran before it.
+
+    ``flush_bytes``: bytes written before each timed run to evict the caches; ``None`` (the
+    default) is the device's default (:func:`~tiletune.kernels.conditions.default_flush_bytes`:
+    256 MiB on CUDA and NPU, 0 on CPUs).
+
+    ``min_sample_ms``: as Triton's ``do_bench``, a sample times enough back-to-back calls (at most
+    ``max_launches``, chosen per callable by :func:`warm_up`) to last about this long (as estimated
+    from the fastest warm-up run); it records the time per call. One call per sample without warm-up runs, when caches are flushed (before every timed
+    call, as on accelerators), or with ``0``.
     """
 
     warmup_runs: int = 2
@@ -55,13 +71,19 @@ class BenchSettings:
     budget_s: float = 0.4
     target_rel_ci: float = 0.01
     prune_ratio: float | None = 2.0
-    flush_bytes: int = 0
+    flush_bytes: int | None = None
     settle_s: float = 0.001
+    min_sample_ms: float = 1.0
+    max_launches: int = 10_000
 
 
 @dataclass(frozen=True)
 class Measurement:
-    """Statistics of repeated timed runs of one config, in milliseconds."""
+    """Statistics of repeated timed runs of one config, in milliseconds per launch.
+
+    ``launches_per_sample``: the back-to-back calls each sample timed (its time divided by them).
+    ``conditions``: the machine's state around the timed runs (governor, load, clocks), when read.
+    """
 
     median_ms: float
     p10_ms: float
@@ -69,10 +91,14 @@ class Measurement:
     min_ms: float
     samples: int
     pruned: bool = False
+    launches_per_sample: int = 1
+    conditions: MeasurementConditions | None = None
 
     @classmethod
-    def from_samples(cls, samples_ms: Sequence[float], pruned: bool = False) -> Measurement:
-        """Summarise raw samples (at least one)."""
+    def from_samples(
+        cls, samples_ms: Sequence[float], pruned: bool = False, launches: int = 1
+    ) -> Measurement:
+        """Summarise raw samples (at least one), each the time per launch of ``launches`` calls."""
         ordered = sorted(samples_ms)
         return cls(
             median_ms=statistics.median(ordered),
@@ -81,6 +107,7 @@ class Measurement:
             min_ms=ordered[0],
             samples=len(ordered),
             pruned=pruned,
+            launches_per_sample=launches,
         )
 
     @property
@@ -97,6 +124,8 @@ class Measurement:
             "min_ms": self.min_ms,
             "samples": self.samples,
             "pruned": self.pruned,
+            "launches_per_sample": self.launches_per_sample,
+            **({"conditions": self.conditions.as_dict()} if self.conditions is not None else {}),
         }
 
 
@@ -150,17 +179,47 @@ def settle(settings: BenchSettings) -> None:
 class CacheFlusher:
     """Evicts the caches between timed runs by writing a buffer larger than them (optional)."""
 
-    def __init__(self, device: Device, flush_bytes: int) -> None:
+    def __init__(self, device: Device, flush_bytes: int | None) -> None:
+        flush_bytes = default_flush_bytes(device.kind) if flush_bytes is None else flush_bytes
         self._buffer = (
             torch.empty(flush_bytes // 4, dtype=torch.float32, device=device.torch_device)
             if flush_bytes > 0
             else None
         )
+        self.active = self._buffer is not None  # calls flush: a sample is then one launch
 
     def __call__(self) -> None:
         """Overwrite the flush buffer (a no-op when flushing is off)."""
         if self._buffer is not None:
             self._buffer.fill_(1.0)
+
+
+def time_launches_ms(fn: Callable[[], object], device: Device, launches: int) -> float:
+    """Time ``launches`` back-to-back calls of ``fn`` on ``device``; the time per call, in ms."""
+    if launches <= 1:
+        return device.time_ms(fn)
+
+    def repeated() -> None:
+        for _ in range(launches):
+            fn()
+
+    return device.time_ms(repeated) / launches
+
+
+def warm_up(
+    fn: Callable[[], object], device: Device, settings: BenchSettings, flushing: bool, stop_ms: float
+) -> tuple[int, list[float]]:
+    """Timed warm-up runs: (launches per sample, each run's ms per call), stopping after one over
+    ``stop_ms``. Each run repeats the count the fastest before it suggests (``min_sample_ms``)."""
+    launches, times_ms = 1, list[float]()
+    for _ in range(settings.warmup_runs):
+        times_ms.append(time_launches_ms(fn, device, launches))
+        if times_ms[-1] > stop_ms:
+            break
+        if not flushing and settings.min_sample_ms > 0:  # outliers only ever add time: the min
+            wanted = math.ceil(settings.min_sample_ms / max(min(times_ms), 1e-9))
+            launches = max(1, min(settings.max_launches, wanted))
+    return launches, times_ms
 
 
 def measure(
@@ -178,27 +237,26 @@ def measure(
     prune_ms = best_known_ms * settings.prune_ratio if best_known_ms and settings.prune_ratio else math.inf
     flush = CacheFlusher(device, settings.flush_bytes)
     settle(settings)
-    for _ in range(settings.warmup_runs):
-        warmup_ms = device.time_ms(fn)
-        if warmup_ms > 2 * prune_ms:
-            return Measurement.from_samples([warmup_ms], pruned=True)
+    launches, warmup_ms = warm_up(fn, device, settings, flush.active, 2 * prune_ms)
+    if warmup_ms and warmup_ms[-1] > 2 * prune_ms:
+        return Measurement.from_samples(warmup_ms[-1:], pruned=True)
     device.synchronize()
     samples: list[float] = []
     spent_ms = 0.0
     while len(samples) < settings.max_samples:
         flush()
-        sample = device.time_ms(fn)
+        sample = time_launches_ms(fn, device, launches)
         samples.append(sample)
-        spent_ms += sample
+        spent_ms += sample * launches
         if min(samples) > prune_ms:
-            return Measurement.from_samples(samples, pruned=True)
+            return Measurement.from_samples(samples, pruned=True, launches=launches)
         if len(samples) < settings.min_samples:
             continue
         if statistics.median(samples) > prune_ms:
-            return Measurement.from_samples(samples, pruned=True)
+            return Measurement.from_samples(samples, pruned=True, launches=launches)
         if spent_ms >= settings.budget_s * 1e3 or median_rel_ci(samples) <= settings.target_rel_ci:
             break
-    return Measurement.from_samples(samples)
+    return Measurement.from_samples(samples, launches=launches)
 
 
 def measure_interleaved(
@@ -208,15 +266,14 @@ def measure_interleaved(
 ) -> list[Measurement]:
     """Measure several callables in rounds (A B C, B C A, ...) so drift hits them alike.
 
-    Each round runs every callable once, rotating the order; rounds continue
+    Each round takes one sample of every callable, rotating the order; rounds continue
     until each has ``min_samples`` and the total budget (``budget_s`` per
     callable) is spent, or ``max_samples`` rounds. Every sample is preceded by a
     settle step (:func:`settle`), so a callable's time does not depend on which ran before.
+    Each callable keeps its own launches per sample (:attr:`BenchSettings.min_sample_ms`).
     """
     flush = CacheFlusher(device, settings.flush_bytes)
-    for fn in fns:
-        for _ in range(settings.warmup_runs):
-            fn()
+    launches = [warm_up(fn, device, settings, flush.active, math.inf)[0] for fn in fns]
     device.synchronize()
     samples: list[list[float]] = [[] for _ in fns]
     budget_ms = settings.budget_s * 1e3 * len(fns)
@@ -227,12 +284,12 @@ def measure_interleaved(
             flush()
             if len(fns) > 1:
                 settle(settings)
-            sample = device.time_ms(fns[index])
+            sample = time_launches_ms(fns[index], device, launches[index])
             samples[index].append(sample)
-            spent_ms += sample
+            spent_ms += sample * launches[index]
         if round_index + 1 >= settings.min_samples and spent_ms >= budget_ms:
             break
-    return [Measurement.from_samples(s) for s in samples]
+    return [Measurement.from_samples(s, launches=n) for s, n in zip(samples, launches, strict=True)]
 
 
 def output_mismatch(actual: KernelOutput, expected: KernelOutput, atol: float, rtol: float) -> str | None:
@@ -293,6 +350,7 @@ class KernelBench:
         self.inputs = self.spec.make_inputs(self.shape, self.dtype, self.device.torch_device, self.seed)
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
+        self.read_conditions = conditions_reader(self.device)
 
     def runner(self, config: Config) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on the prepared inputs."""
@@ -328,16 +386,30 @@ class KernelBench:
             return rejected
         ratio = self.settings.prune_ratio
         if best_known_ms is not None and ratio and check_ms > 2 * ratio * best_known_ms:
-            return TrialResult(config, measurement=Measurement.from_samples([check_ms], pruned=True))
+            pruned = Measurement.from_samples([check_ms], pruned=True)
+            conditions = self.read_conditions() if self.read_conditions is not None else None
+            return TrialResult(config, measurement=dataclasses.replace(pruned, conditions=conditions))
         try:
-            measurement = measure(self.runner(config), self.device, self.settings, best_known_ms)
+            runner = self.runner(config)
+            measurement = self._conditioned(
+                lambda: [measure(runner, self.device, self.settings, best_known_ms)]
+            )[0]
         except Exception as error:
             return TrialResult(config, error=f"{type(error).__name__}: {error}")
         return TrialResult(config, measurement=measurement)
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
         """Re-measure already-checked configs interleaved in one run; same order as given."""
-        return measure_interleaved([self.runner(c) for c in configs], self.device, self.settings)
+        runners = [self.runner(c) for c in configs]
+        return self._conditioned(lambda: measure_interleaved(runners, self.device, self.settings))
+
+    def _conditioned(self, take: Callable[[], list[Measurement]]) -> list[Measurement]:
+        """``take()``'s measurements with the conditions they were taken in, taken again while the
+        device's clock was low (:func:`~tiletune.kernels.conditions.measured_at_clock`)."""
+        if self.read_conditions is None:
+            return take()
+        measurements, conditions = measured_at_clock(take, self.read_conditions)
+        return [dataclasses.replace(m, conditions=conditions) for m in measurements]
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@
 job's version, has the job's backend built, takes its shape and dtype, and runs on the device)
 and builds its :class:`~tiletune.tuner.measure.bench.KernelBench` once per lease (inputs and the
 reference output; a lookup bench on a replay device). Anything this worker cannot run is an
-:class:`UnsupportedJobError` saying why, which the worker releases as failed.
+:class:`UnsupportedJobError` saying why, which the worker releases as failed. Given a
+:class:`~tiletune.tuner.measure.isolation.TrialPool`, the bench of a real device runs its configs
+in the pool's child process (a replay bench never needs it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from tiletune.kernels.errors import InputError, UnknownKernelError
 from tiletune.kernels.registry import get_kernel, runs_on
 from tiletune.kernels.spec import torch_dtype
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.isolation import TrialPool
 from tiletune.tuner.measure.replay_bench import ReplayBench
 
 
@@ -22,8 +25,12 @@ class UnsupportedJobError(Exception):
     """This worker cannot run the leased job; the message says why."""
 
 
-def bench_for(job: LeasedJob, device: Device, settings: BenchSettings) -> KernelBench:
-    """The bench of ``job`` on ``device``; :class:`UnsupportedJobError` if it cannot run here."""
+def bench_for(
+    job: LeasedJob, device: Device, settings: BenchSettings, isolation: TrialPool | None = None
+) -> KernelBench:
+    """The bench of ``job`` on ``device`` (isolated in ``isolation``'s child process when given);
+    :class:`UnsupportedJobError` if it cannot run here, and
+    :class:`~tiletune.tuner.measure.isolation.DeviceUnusableError` if a fresh child cannot run its default."""
     try:
         spec = get_kernel(job.kernel)
     except UnknownKernelError as error:
@@ -45,4 +52,6 @@ def bench_for(job: LeasedJob, device: Device, settings: BenchSettings) -> Kernel
         raise UnsupportedJobError(f"kernel {spec.name} does not run on a {device.kind} device")
     if isinstance(device, ReplayDevice):
         return ReplayBench(spec, shape, job.dtype, device, job.backend, settings)
+    if isolation is not None:
+        return isolation.bench(spec, shape, job.dtype, device, backend=job.backend, settings=settings)
     return KernelBench(spec, shape, job.dtype, device, job.backend, settings)

@@ -13,7 +13,13 @@ validated (``complete`` ended the lease: nothing to send):
 
 Between steps a lost lease is dropped first (the heartbeat's check: nothing more is written under
 its token), then a stop is honoured (:class:`~tiletune.client.api.StopRequestedError`); stopping,
-:meth:`JobDriver.tell_before_stopping` tells what was measured in a few attempts.
+:meth:`JobDriver.tell_before_stopping` tells what was measured in a few attempts. An isolated bench
+finding the device unusable (:class:`~tiletune.tuner.measure.isolation.DeviceUnusableError`) ends
+the batch: what was measured is told, then the error is raised for the worker to release the job.
+
+A kernel whose configs are builds (build-time knobs) has each batch built ahead
+(:mod:`tiletune.tuner.measure.build_ahead`): the batch asked ahead starts building as soon as it is
+answered, and a config is measured only once its build is in the cache.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ from tiletune.client.calls import ApiError
 from tiletune.client.wire import AskPhase, AskPublic, Config, LeasePublic, Task, TrialOutcome
 from tiletune.kernels.errors import InputError
 from tiletune.tuner.measure.bench import KernelBench
+from tiletune.tuner.measure.build_ahead import BuildAhead, shared_build_ahead
 from tiletune.tuner.measure.heartbeat import Heartbeat
+from tiletune.tuner.measure.isolation import DeviceUnusableError
 from tiletune.tuner.measure.result import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
@@ -60,6 +68,8 @@ class LeasedRun:
     best_ms: float | None = None
     #: Outcomes measured and not yet told (pipelined: told with the next ask).
     untold: list[TrialOutcome] = field(default_factory=list)
+    #: Set when the device was found unusable mid-batch: raised once the untold outcomes are told.
+    unusable: DeviceUnusableError | None = None
 
     @property
     def label(self) -> str:
@@ -84,8 +94,10 @@ class JobDriver:
         sleep: Sleep,
         poll_s: float,
         stopping: threading.Event,
+        builds: BuildAhead | None = None,
     ) -> None:
         self._api = api
+        self.builds = builds if builds is not None else shared_build_ahead()
         self._batch = batch
         self._ahead = ahead
         self._sleep = sleep
@@ -123,6 +135,9 @@ class JobDriver:
     def _step(self, run: LeasedRun) -> None:
         """Between steps: drop a lost lease first (no more writes), then honour a stop."""
         run.heartbeat.check()
+        if run.unusable is not None:
+            self._tell(run)
+            raise run.unusable
         if self._stopping.is_set():
             raise StopRequestedError(run.label)
 
@@ -132,6 +147,7 @@ class JobDriver:
         Pipelined, the previous batch is told and the next one asked in the background meanwhile
         (these outcomes are told with the next ask); otherwise they are told, then asked after.
         """
+        self.builds.submit(run.bench, [task.config for task in tasks])
         if self._ahead is None:
             outcomes = self._measure_all(run, tasks)
             run.untold = outcomes
@@ -139,7 +155,7 @@ class JobDriver:
             return self._api.ask(run.lease.token, self._batch)
         previous, run.untold = run.untold, []
         holding = [task.trial_id for task in tasks]
-        ahead = self._ahead.submit(self._tell_and_ask, run.lease.token, previous, holding)
+        ahead = self._ahead.submit(self._tell_and_ask, run.lease.token, previous, holding, run.bench)
         try:
             outcomes = self._measure_all(run, tasks)
         except BaseException:
@@ -155,12 +171,15 @@ class JobDriver:
         return answer
 
     def _tell_and_ask(
-        self, token: str, outcomes: Sequence[TrialOutcome], holding: Sequence[int]
+        self, token: str, outcomes: Sequence[TrialOutcome], holding: Sequence[int], bench: KernelBench
     ) -> AskPublic:
-        """The background step of a pipelined search: tell ``outcomes``, then ask past ``holding``."""
+        """The background step of a pipelined search: tell ``outcomes``, then ask past ``holding``, and
+        start building the configs of the answer (a kernel whose configs are builds)."""
         if outcomes:
             self._api.tell(token, outcomes)
-        return self._api.ask(token, self._batch, holding)
+        answer = self._api.ask(token, self._batch, holding)
+        self.builds.submit(bench, [task.config for task in answer.tasks] or answer.validate_configs)
+        return answer
 
     def _measure_all(self, run: LeasedRun, tasks: Sequence[Task]) -> list[TrialOutcome]:
         outcomes: list[TrialOutcome] = []
@@ -168,7 +187,11 @@ class JobDriver:
             if self._stopping.is_set():
                 break
             run.heartbeat.check()
-            outcomes.append(self._measure(run, task))
+            try:
+                outcomes.append(self._measure(run, task))
+            except DeviceUnusableError as error:  # told with what was measured, then raised (_step)
+                run.unusable = error
+                break
         return outcomes
 
     def _tell(self, run: LeasedRun, attempts: int | None = None) -> None:
@@ -187,6 +210,7 @@ class JobDriver:
             config = bench.spec.parse_config(task.config, bench.shape, bench.device.chip.limits)
         except InputError as error:
             return TrialOutcome(trial_id=task.trial_id, invalid=str(error))
+        self.builds.ready(bench, config)  # never a compile inside the timed runs
         result = run.bench.evaluate(config, run.best_ms)
         measurement = result.measurement
         if measurement is not None and not measurement.pruned:
@@ -198,6 +222,7 @@ class JobDriver:
         if not configs:
             return Release("the server asked to validate no configs", failed=True)
         logger.info("%s: validating %d configs interleaved", run.label, len(configs))
+        self.builds.ready_all(run.bench, configs)
         results = validated_results(run.bench, configs)
         run.heartbeat.check()
         self._api.complete(run.lease.token, results)

@@ -5,9 +5,10 @@ with a :class:`~tiletune.tuner.measure.bench.KernelBench`: the default config is
 first trial, invalid configs are never run, every measured config is checked
 against the reference first. When the search stops (trial budget, time budget
 or convergence), the top few configs and the default are re-measured
-interleaved in one run, and the fastest of those is the answer, so the best
-config is never slower than the default within that run's spread (the policy is
-:mod:`tiletune.tuner.search.finalists`', the server's too).
+interleaved in one run; the fastest of those that beats the default beyond that
+run's spread is the answer, else the default, so the best config is never slower
+than the default (the policy is :mod:`tiletune.tuner.search.finalists`', the
+server's too).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tiletune.kernels.device import Device
 from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
 from tiletune.tuner.measure.replay import ReplaySpace
-from tiletune.tuner.search.finalists import finalists, judge
+from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search, SearchSpace, TpeOptions
 
 #: Called after each trial with (unique valid measurements so far, best time so far in ms).
@@ -188,7 +189,7 @@ def tune(
     top = [config for config, _ in search.best(options.validate_top)]
     runs = finalists(top, default if default_result.ok else None)
     validated = list(zip(runs, bench.compare(runs), strict=True))
-    verdict = judge([(config, m.median_ms) for config, m in validated], default)
+    verdict = judge([Timing(config, m.median_ms, m.p90_ms) for config, m in validated], default)
     assert verdict is not None  # the top configs ran correctly in the search
     best_config, best = next((c, m) for c, m in validated if c == verdict.winner)
     default_measurement = next((m for c, m in validated if c == default), None)

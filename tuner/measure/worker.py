@@ -24,6 +24,13 @@ Guarantees:
 
 - One :class:`KernelBench` per job: inputs and the reference output are built once per lease
   (:mod:`tiletune.tuner.measure.job_bench`).
+- Isolated trials (``isolate``, the default; never on a replay device): the configs run in a warm
+  child process with a time limit per call (:mod:`tiletune.tuner.measure.isolation`), so a
+  segfault, a hang past the limit or a device error fails that config with its reason and the job
+  goes on. When a fresh child cannot run the job's default, the device is unusable: the job is
+  released as failed (``"device unusable: ..."``, logged at error level) and the worker leases
+  nothing until a fresh child runs a small built-in kernel's default again, checked after a
+  cool-down that doubles from ``IsolationSettings.cooldown_s`` up to ``max_cooldown_s``.
 - A wrong or crashing config is an outcome (``invalid`` / ``error``), never a crash of the worker.
   A job this worker cannot run (unknown kernel, another kernel version, a missing backend, a bad
   shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
@@ -78,6 +85,7 @@ from tiletune.kernels.registry import kernels_for
 from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, REPLAY_KIND
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.heartbeat import Heartbeat
+from tiletune.tuner.measure.isolation import DeviceUnusableError, IsolationSettings, TrialPool
 from tiletune.tuner.measure.job_bench import UnsupportedJobError, bench_for
 from tiletune.tuner.measure.job_driver import STOP_RELEASE_ATTEMPTS, JobDriver, LeasedRun, Release, Sleep
 from tiletune.tuner.measure.registration import registration
@@ -107,7 +115,7 @@ class Worker:
     measured (see the module docstring). ``sleep`` waits between polls and retries
     (default: an interruptible wait that :meth:`stop` cuts short); ``clock``
     (seconds) judges lease expiry. See the module docstring for the protocol
-    and the guarantees.
+    and the guarantees. ``isolate`` runs the configs in a child process (``isolation``: its limits).
     """
 
     def __init__(
@@ -124,6 +132,8 @@ class Worker:
         backoff: Backoff | None = None,
         poll_s: float = 1.0,
         device: Device | None = None,
+        isolate: bool = True,
+        isolation: IsolationSettings | None = None,
     ) -> None:
         if not 1 <= batch <= MAX_BATCH:
             raise ValueError(f"batch must be between 1 and {MAX_BATCH}, got {batch}")
@@ -146,6 +156,9 @@ class Worker:
             stopping=self._stopping,
         )
         self._device = device if device is not None else get_device(backend)
+        replay = self._device.kind == REPLAY_KIND  # nothing runs: nothing to isolate
+        self._trials = TrialPool(isolation) if isolate and not replay else None
+        self._device_unusable = False
         self._bench_settings = bench or BenchSettings()
         self._clock = clock
         self._poll_s = poll_s
@@ -161,6 +174,8 @@ class Worker:
         """Close the connections to the server."""
         if self._ahead is not None:
             self._ahead.shutdown(wait=True)
+        if self._trials is not None:
+            self._trials.close()
         self._api.close()
 
     def __enter__(self) -> Worker:
@@ -239,6 +254,9 @@ class Worker:
             if self.worker_id is None and not self.stopping:
                 self.register()
             while not self.stopping and (max_jobs is None or worked < max_jobs):
+                if self._device_unusable:
+                    self._await_usable_device()
+                    continue
                 lease = self._lease()
                 if lease is None:
                     if once:
@@ -252,6 +270,25 @@ class Worker:
             pass
         logger.info("worker %s: stopped after %d job(s)", self.name, worked)
         return worked
+
+    def _await_usable_device(self) -> None:
+        """Lease nothing until a fresh trial process runs a small kernel's default on the device:
+        checked after each cool-down (doubling up to its cap), each failure logged as an error."""
+        assert self._trials is not None
+        settings = self._trials.settings
+        cooldown_s = settings.cooldown_s
+        while not self.stopping:
+            logger.error("worker %s: the device is unusable; checking it in %g s", self.name, cooldown_s)
+            self._sleep(cooldown_s)
+            if self._stopping.is_set():
+                return
+            problem = self._trials.health_problem(self._device)
+            if problem is None:
+                logger.warning("worker %s: the device runs kernels again; leasing jobs", self.name)
+                self._device_unusable = False
+                return
+            logger.error("worker %s: the device is still unusable: %s", self.name, problem)
+            cooldown_s = min(2 * cooldown_s, settings.max_cooldown_s)
 
     # -- one job -----------------------------------------------------------------------------------
 
@@ -292,7 +329,8 @@ class Worker:
         job_id = lease.job.id
         run = None
         try:
-            run = LeasedRun(lease, heartbeat, bench_for(lease.job, self._device, self._bench_settings))
+            bench = bench_for(lease.job, self._device, self._bench_settings, self._trials)
+            run = LeasedRun(lease, heartbeat, bench)
             return self._driver.drive(run)
         except LeaseLostError as lost:
             logger.warning("job %d: lease lost (%s); dropping the job", job_id, lost)
@@ -301,6 +339,10 @@ class Worker:
             if run is not None:
                 self._driver.tell_before_stopping(run)
             return Release(STOP_REASON, attempts=STOP_RELEASE_ATTEMPTS)
+        except DeviceUnusableError as error:
+            logger.error("job %d: device unusable: %s; leasing nothing until it runs again", job_id, error)
+            self._device_unusable = True
+            return Release(f"device unusable: {error}", failed=True)
         except UnsupportedJobError as error:
             logger.warning("job %d: cannot run it here: %s", job_id, error)
             return Release(f"worker {self.name} cannot run this job: {error}", failed=True)

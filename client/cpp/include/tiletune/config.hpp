@@ -1,0 +1,183 @@
+// tiletune/config.hpp: the tilings tiletune tuned, for C++ host code (header-only C++17).
+//
+//   #include <tiletune/config.hpp>
+//   static const tiletune::Table table = tiletune::Table::load(tiletune::disk_cache_path(chip), chip);
+//   tiletune::Answer answer = table.get("native_add", {{"n", total}}, "float32");
+//   int64_t tile = answer.get("tile_size", rule_tile);   // the caller's rule when not tuned
+//
+// A Table is one bundle file (the server's export, or the Python client's disk cache) read once
+// and immutable after: any number of threads may call get() at once. get() answers exactly as the
+// Python client (tiletune.client) answers from the same file, in the same order:
+//   1. exact: the entry of (kernel, version, canonical shape, dtype); the shape is completed with
+//      the kernel's dim defaults and written in the kernel's dim order when it has those dims;
+//   2. nearest: the entry of the same kernel version and dtype whose shape is closest (the sum of
+//      |log2 a - log2 b| over size dims; categorical dims must agree; ties to the smaller shape
+//      key), its config snapped down to the values the asked shape allows;
+//   3. default: no config (count 0): Answer::get returns the caller's fallback, its own rule.
+// `version` is the kernel version the caller's code is (kBundleVersion: the bundle's). An entry
+// of another kernel version is never answered. Entries are checked against the kernel's knobs
+// when read (a config outside them is dropped, so its key falls to nearest or the default), and
+// only entries of the table's chip are taken (the `chip` argument, else the bundle's).
+// A file that is missing, not a bundle, or whose checksum does not match gives an empty table
+// (every answer the default) whose error() says why. Nothing here throws.
+//
+// A Client holds a table it can reload from its file while other threads call get(): the new
+// table is swapped in whole (an atomic shared_ptr), a reader sees the old or the new one.
+#pragma once
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <initializer_list>
+#include <iterator>
+#include <memory>
+#include <atomic>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "tiletune/bundle.hpp"
+
+namespace tiletune {
+
+//! "Use the kernel version the bundle describes" (the Python client's version without a pin).
+constexpr std::int64_t kBundleVersion = INT64_MIN;
+
+//! One dim of a launch key.
+struct Dim {
+  std::string_view name;
+  std::int64_t value;
+};
+
+enum class Match : std::uint8_t { exact, nearest, fallback };
+
+//! One knob of an answer: its name (copied: an answer outlives its table) and value.
+struct Knob {
+  char name[kMaxName];
+  std::uint8_t size;
+  std::int64_t value;
+  std::string_view view() const noexcept { return {name, size}; }
+};
+
+//! A tiling: how it was found and its knobs (none for the default).
+struct Answer {
+  Match match = Match::fallback;
+  std::uint8_t count = 0;
+  double distance = 0.0;  //! nearest: the distance of the entry's shape
+  Knob knobs[kMaxKnobs];
+
+  //! The value of knob `name`, else `fallback` (the caller's rule).
+  std::int64_t get(std::string_view name, std::int64_t fallback) const noexcept {
+    for (std::uint8_t i = 0; i < count; ++i) {
+      if (knobs[i].view() == name) return knobs[i].value;
+    }
+    return fallback;
+  }
+  //! "exact", "nearest" or "default" (the Python client's Tiling.match).
+  const char* match_name() const noexcept {
+    return match == Match::exact ? "exact" : match == Match::nearest ? "nearest" : "default";
+  }
+  void add(std::string_view name, std::int64_t value) noexcept {
+    Knob& knob = knobs[count++];
+    std::memcpy(knob.name, name.data(), name.size());
+    knob.size = static_cast<std::uint8_t>(name.size());
+    knob.value = value;
+  }
+};
+
+namespace detail {
+
+//! An open-addressing map from strings to indexes, looked up by string_view without allocating.
+class StringIndex {
+ public:
+  void build(const std::vector<std::string_view>& keys) {
+    std::size_t size = 8;
+    while (size < keys.size() * 2) size <<= 1;
+    slots_.assign(size, kEmpty);
+    keys_ = keys;
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      std::size_t at = hash(keys[i]) & (size - 1);
+      while (slots_[at] != kEmpty) at = (at + 1) & (size - 1);
+      slots_[at] = static_cast<std::uint32_t>(i);
+    }
+  }
+  //! The index of `key`, or -1.
+  std::int64_t find(std::string_view key) const noexcept {
+    if (slots_.empty()) return -1;
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t at = hash(key) & mask;; at = (at + 1) & mask) {
+      std::uint32_t slot = slots_[at];
+      if (slot == kEmpty) return -1;
+      if (keys_[slot] == key) return slot;
+    }
+  }
+  static std::uint64_t hash(std::string_view key) noexcept {
+    std::uint64_t h = 1469598103934665603ull;
+    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    return h ^ (h >> 29);
+  }
+
+ private:
+  static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
+  std::vector<std::uint32_t> slots_;
+  std::vector<std::string_view> keys_;
+};
+
+//! The entries of one (kernel, kernel version, dtype), by shape key.
+struct Group {
+  std::int64_t version = 0;
+  std::string dtype;
+  std::vector<const Entry*> entries;
+  StringIndex by_shape_key;
+};
+
+//! A knob as the kernel's info gives its values: candidates (sorted, distinct), the dim it is
+//! clamped to, or none.
+struct KnobRule {
+  std::string name;
+  std::vector<std::int64_t> candidates;
+  bool clamped = false;
+  std::string dim;
+};
+
+//! One kernel: its info (if the bundle gives one) and its entries' groups.
+struct KernelIndex {
+  const KernelInfo* info = nullptr;
+  bool rules_known = false;  //! every knob has candidates and the clamp rule is known
+  bool pow2_ceil = false;
+  std::vector<KnobRule> rules;
+  std::vector<Group> groups;
+};
+
+inline std::int64_t pow2_ceil(std::int64_t value) noexcept {
+  std::int64_t power = 1;
+  while (power < value) power <<= 1;
+  return power;
+}
+
+inline std::int64_t clamp_cap(const std::vector<std::int64_t>& candidates, std::int64_t dim, bool pow2) noexcept {
+  if (!pow2) return dim;
+  std::int64_t smallest = candidates.front();
+  for (std::int64_t c : candidates) smallest = std::min(smallest, c);
+  return std::max(pow2_ceil(dim), smallest);
+}
+
+template <typename Pairs>
+inline const typename Pairs::value_type* find_named(const Pairs& pairs, std::string_view name) noexcept {
+  for (const auto& pair : pairs) {
+    if (pair.first == name) return &pair;
+  }
+  return nullptr;
+}
+
+}  // namespace detail
+}  // namespace tiletune
+
+#include "tiletune/table.hpp"

@@ -1,0 +1,371 @@
+"""Isolated trials: the worker's configs run in a warm child process with a time limit per call.
+
+On an accelerator a bad tiling is a crash, a hang or a poisoned device context, not a slow
+config. So a worker measures in a child process (:mod:`tiletune.tuner.measure.trial_child`,
+started with multiprocessing's *spawn* context) and survives whatever a config does:
+
+- **Warm.** One child per worker, started at the first trial and kept between trials and leases;
+  its bench (inputs, reference) is built once per lease and kept while the next lease names the
+  same kernel, shape, dtype, backend and bench settings.
+- **A crash fails the config.** A child that dies answers the trial with
+  ``error="the trial process died: signal SIGSEGV"`` (or its exit code); one silent past the
+  call's limit is killed (SIGKILL) and answers ``error="timed out after X s (limit: ...)"``;
+  a result whose error looks like a device error (:func:`looks_like_device_error`: CUDA's illegal
+  memory access, an Ascend AI core exception, :class:`~tiletune.kernels.errors.DeviceError`)
+  stands, and the child is ended, since its device context may be poisoned. The next call starts a
+  fresh child. In the validation run (``compare``) such an end raises :class:`TrialProcessError`,
+  which :func:`~tiletune.tuner.measure.result.validated_results` turns into each config's error.
+- **The limit of a call** (:func:`trial_limit`): every fresh bench first checks the kernel's
+  default once in the child, timed (``d`` ms, wall: constraint, one run, comparison). For
+  ``evaluate`` and ``check`` the limit is ``max(floor_s, slowdown × (warmup_runs + min_samples + 2) ×
+  d + 2 × budget_s)``: the runs a measurement makes whatever its budget (the checked run,
+  warm-ups, the minimum samples, one sample past the budget) of a config ``slowdown`` times
+  slower than the default, plus twice the timing budget. For ``compare`` of ``n`` configs it is
+  ``max(floor_s, n × (slowdown × (warmup_runs + min_samples + 1) × d + 2 × budget_s + max_samples ×
+  settle_s))``. Without a default time (it was invalid or wrong) the floor is the limit.
+- **Device unusable.** When a fresh child cannot run the default (it dies, hangs past
+  ``start_limit_s`` while building the bench, or a device error), :class:`DeviceUnusableError`
+  is raised; the worker releases the job as failed (``"device unusable: ..."``) and leases
+  nothing until :meth:`TrialPool.health_problem` (a fresh child running a built-in kernel's
+  default on a small shape) passes.
+
+Replay devices need no isolation (nothing runs); ``tiletune tune`` and ``bench`` stay in process.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+from tiletune.kernels.declaration import Config, Shape
+from tiletune.kernels.device import Device
+from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.spec import KernelSpec
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.trial_child import Call, Prepare, serve
+
+logger = logging.getLogger(__name__)
+
+#: Texts of errors after which a device context is not trusted (lower case; CUDA, Ascend, ours).
+DEVICE_ERROR_MARKS = (
+    "deviceerror:",
+    "illegal memory access",
+    "illegal instruction",
+    "misaligned address",
+    "unspecified launch failure",
+    "device-side assert",
+    "cuda error: an illegal",
+    "cudaerrorillegaladdress",
+    "uncorrectable ecc error",
+    "aicore",
+    "ai core",
+    "aivec error",
+    "aic error",
+    "ub overflow",
+    "ez9999",
+)
+#: What the health check runs: a built-in kernel that every device kind runs, on a small shape.
+HEALTH_KERNEL, HEALTH_SHAPE, HEALTH_DTYPE = "add", {"n": 4096}, "float32"
+
+
+def looks_like_device_error(text: str | None) -> bool:
+    """Whether an error's text says the device (not just the config) failed: see the module docstring."""
+    lowered = (text or "").lower()
+    return any(mark in lowered for mark in DEVICE_ERROR_MARKS)
+
+
+class TrialProcessError(RuntimeError):
+    """A call of the trial process ended without an answer (it died or timed out); the message says how."""
+
+
+class DeviceUnusableError(RuntimeError):
+    """A fresh trial process cannot run the kernel's default: the device is not usable now."""
+
+
+@dataclass(frozen=True)
+class IsolationSettings:
+    """Limits of isolated trials (see the module docstring for the formula).
+
+    ``floor_s``: the least limit of a call; ``slowdown``: how much slower than the default a config
+    may be before it is a hang; ``start_limit_s``: a fresh child's start, bench build and default
+    check; ``cooldown_s`` (doubling up to ``max_cooldown_s``): the wait between health checks of
+    a device found unusable.
+    """
+
+    floor_s: float = 10.0
+    slowdown: float = 10.0
+    start_limit_s: float = 600.0
+    cooldown_s: float = 30.0
+    max_cooldown_s: float = 600.0
+
+
+@dataclass(frozen=True)
+class TrialLimit:
+    """The limit of one call in seconds, and how it was derived (quoted in a timeout's error)."""
+
+    seconds: float
+    basis: str
+
+
+def trial_limit(
+    bench: BenchSettings, isolation: IsolationSettings, default_ms: float | None, configs: int = 0
+) -> TrialLimit:
+    """The limit of an ``evaluate``/``check`` call (``configs`` 0) or of a ``compare`` of ``configs``."""
+    if default_ms is None:
+        return TrialLimit(isolation.floor_s, f"the {isolation.floor_s:g} s floor; no default time")
+    default_s = default_ms / 1e3
+    if configs:
+        runs = bench.warmup_runs + bench.min_samples + 1
+        each_s = (
+            isolation.slowdown * runs * default_s + 2 * bench.budget_s + bench.max_samples * bench.settle_s
+        )
+        derived_s = configs * each_s
+    else:
+        runs = bench.warmup_runs + bench.min_samples + 2
+        derived_s = isolation.slowdown * runs * default_s + 2 * bench.budget_s
+    basis = (
+        f"max({isolation.floor_s:g} s floor, {isolation.slowdown:g} × {runs} runs × default "
+        f"{default_ms:.3g} ms + 2 × {bench.budget_s:g} s budget{f', {configs} configs' if configs else ''})"
+    )
+    return TrialLimit(max(isolation.floor_s, derived_s), basis)
+
+
+def _exit_reason(process: BaseProcess) -> str:
+    code = process.exitcode
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"
+
+
+class TrialProcess:
+    """One spawned child (:mod:`~tiletune.tuner.measure.trial_child`), started on the first call.
+
+    :meth:`call` sends one request and waits up to a limit; a child that dies or stays silent is
+    ended and :class:`TrialProcessError` raised, and the next call starts a fresh one.
+    """
+
+    def __init__(self) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._process: BaseProcess | None = None
+        self._conn: Connection | None = None
+        #: The bench the live child holds, and its default's check (verdict, ms).
+        self.prepared: tuple[tuple[object, ...], tuple[TrialResult | None, float]] | None = None
+        self.started = 0
+
+    @property
+    def pid(self) -> int | None:
+        """The live child's process id, or None."""
+        return self._process.pid if self._process is not None and self._process.is_alive() else None
+
+    @property
+    def alive(self) -> bool:
+        """Whether a child is running."""
+        return self.pid is not None
+
+    def _start(self) -> tuple[BaseProcess, Connection]:
+        parent, child = self._context.Pipe()
+        process = self._context.Process(target=serve, args=(child,), name="tiletune-trial", daemon=True)
+        process.start()
+        child.close()
+        self._process, self._conn, self.prepared = process, parent, None
+        self.started += 1
+        logger.info("trial process %d started", process.pid)
+        return process, parent
+
+    def call(self, request: Prepare | Call, limit: TrialLimit) -> tuple[bool, Any]:
+        """Send ``request`` and wait up to ``limit`` for ``(ok, value)``; see the class docstring."""
+        if self._process is None or self._conn is None or not self._process.is_alive():
+            self.end()
+            process, conn = self._start()
+        else:
+            process, conn = self._process, self._conn
+        timed_out = False
+        try:
+            conn.send(request)
+            ready = wait([conn, process.sentinel], timeout=limit.seconds)
+            if conn in ready:
+                reply: tuple[bool, Any] = conn.recv()
+                return reply
+            timed_out = not ready  # else the child exited (its sentinel is ready)
+        except (EOFError, OSError):
+            pass  # the pipe closed: the child died
+        if timed_out:
+            process.kill()
+        process.join(10.0)
+        reason = (
+            f"timed out after {limit.seconds:.3g} s (limit: {limit.basis})"
+            if timed_out
+            else f"the trial process died: {_exit_reason(process)}"
+        )
+        logger.warning("trial process %s: %s", process.pid, reason)
+        self.end()
+        raise TrialProcessError(reason)
+
+    def end(self) -> None:
+        """End the child (if any): close its pipe, let it exit, kill it if it does not."""
+        process, conn = self._process, self._conn
+        self._process, self._conn, self.prepared = None, None, None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            process.join(1.0)
+            if process.is_alive():
+                process.kill()
+                process.join(5.0)
+            if hasattr(process, "close"):
+                process.close()
+
+
+class TrialPool:
+    """The worker's isolated trials: one warm :class:`TrialProcess`, benches on it, health checks."""
+
+    def __init__(self, settings: IsolationSettings | None = None) -> None:
+        self.settings = settings or IsolationSettings()
+        self.process = TrialProcess()
+
+    def close(self) -> None:
+        """End the child process."""
+        self.process.end()
+
+    def bench(
+        self,
+        spec: KernelSpec,
+        shape: Shape,
+        dtype: str,
+        device: Device,
+        *,
+        backend: str | None,
+        settings: BenchSettings,
+    ) -> IsolatedBench:
+        """An isolated bench of this lease; prepared in the child (raises :class:`DeviceUnusableError`)."""
+        default = spec.default_config(shape, dtype, device.chip.limits)
+        prepare = Prepare(spec, shape, dtype, device.kind, backend, settings, default)
+        bench = IsolatedBench(self, prepare, device)
+        bench.prepare()
+        return bench
+
+    def health_problem(self, device: Device) -> str | None:
+        """Why a fresh child cannot run a small built-in kernel's default on ``device``, or None."""
+        self.process.end()
+        spec = get_kernel(HEALTH_KERNEL)
+        shape = spec.parse_shape(HEALTH_SHAPE)
+        try:
+            self.bench(spec, shape, HEALTH_DTYPE, device, backend=None, settings=BenchSettings())
+        except DeviceUnusableError as error:
+            return str(error)
+        return None
+
+
+class IsolatedBench(KernelBench):
+    """A :class:`KernelBench` whose calls run in the pool's child process (see the module docstring).
+
+    ``spec``, ``shape``, ``dtype``, ``device``, ``backend`` and ``settings`` are the bench's, as the
+    job driver reads them; nothing runs in this process (:meth:`runner` raises).
+    """
+
+    def __init__(self, pool: TrialPool, prepare: Prepare, device: Device) -> None:
+        self.spec, self.shape, self.dtype, self.device = prepare.spec, prepare.shape, prepare.dtype, device
+        self.backend, self.settings, self.seed = prepare.backend, prepare.settings, 0
+        self.implementation = prepare.backend or ""
+        self._pool, self._prepare = pool, prepare
+        self.default_ms: float | None = None
+
+    def runner(self, config: Config) -> Any:
+        """Raises ``RuntimeError``: an isolated bench runs nothing in this process."""
+        raise RuntimeError("an isolated bench runs its configs in its trial process")
+
+    def prepare(self) -> None:
+        """Make the child hold this bench and time its default (starting a fresh child if needed).
+
+        Raises :class:`DeviceUnusableError` when a fresh child cannot run the default; a warm child
+        that cannot is replaced by a fresh one first.
+        """
+        process = self._pool.process
+        if not self._held() and not self._prepared_in_child():
+            self._prepared_in_child()
+        assert process.prepared is not None
+        verdict, default_ms = process.prepared[1]
+        if verdict is not None:
+            logger.warning("the default config cannot be timed (%s); trial limits are the floor", verdict)
+        self.default_ms = default_ms if verdict is None else None
+
+    def _held(self) -> bool:
+        """Whether the live child holds this bench."""
+        prepared = self._pool.process.prepared
+        return self._pool.process.alive and prepared is not None and prepared[0] == self._prepare.key()
+
+    def _prepared_in_child(self) -> bool:
+        """Prepare the bench in the child; False when a warm child failed (it is ended)."""
+        process = self._pool.process
+        fresh = not process.alive
+        start = TrialLimit(self._pool.settings.start_limit_s, "a trial process's start")
+        try:
+            ok, value = process.call(self._prepare, start)
+        except TrialProcessError as error:
+            failure = str(error)
+        else:
+            if not ok:  # the bench could not be built: a kernel's problem, not the device's
+                raise RuntimeError(f"could not build the bench: {value}")
+            verdict, _default_ms = value
+            failure = verdict.error if verdict is not None else ""
+            if not looks_like_device_error(failure):
+                process.prepared = (self._prepare.key(), value)
+                return True
+            process.end()
+        if fresh:
+            raise DeviceUnusableError(f"the default config {self._prepare.default}: {failure}")
+        logger.warning("the warm trial process failed the default (%s); starting a fresh one", failure)
+        return False
+
+    def _limit(self, configs: int = 0) -> TrialLimit:
+        return trial_limit(self.settings, self._pool.settings, self.default_ms, configs)
+
+    def _call(self, method: str, args: tuple[Any, ...], limit: TrialLimit) -> tuple[bool, Any]:
+        """One call in the child (prepared first when it is fresh); raises :class:`TrialProcessError`."""
+        process = self._pool.process
+        if not self._held():
+            self.prepare()
+        return process.call(Call(method, args), limit)
+
+    def _result(self, config: Config, method: str, args: tuple[Any, ...]) -> TrialResult | None:
+        try:
+            ok, value = self._call(method, args, self._limit())
+        except TrialProcessError as error:
+            return TrialResult(config, error=str(error))
+        if not ok:
+            value = TrialResult(config, error=str(value))
+        if value is not None and looks_like_device_error(value.error):
+            logger.warning("device error on %s (%s); replacing the trial process", config, value.error)
+            self._pool.process.end()
+        result: TrialResult | None = value
+        return result
+
+    def check(self, config: Config) -> TrialResult | None:
+        """:meth:`KernelBench.check` in the child; a crash or a timeout is the config's error."""
+        return self._result(config, "check", (config,))
+
+    def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
+        """:meth:`KernelBench.evaluate` in the child; a crash or a timeout is the config's error."""
+        result = self._result(config, "evaluate", (config, best_known_ms))
+        assert result is not None
+        return result
+
+    def compare(self, configs: Sequence[Config]) -> list[Measurement]:
+        """:meth:`KernelBench.compare` in the child; raises :class:`TrialProcessError` on its crash,
+        timeout or error (a device error also replaces the child)."""
+        ok, value = self._call("compare", (list(configs),), self._limit(len(configs)))
+        if not ok:
+            if looks_like_device_error(str(value)):
+                self._pool.process.end()
+            raise TrialProcessError(f"the interleaved run failed: {value}")
+        measurements: list[Measurement] = value
+        return measurements
