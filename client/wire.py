@@ -26,9 +26,19 @@ import json
 import unicodedata
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+)
 
 # -- bounded values: every input is bounded (integers to what the databases hold) ------------------
 
@@ -854,6 +864,15 @@ class ClientStatsCreate(_Request):
     chip: Name
     answers: AnswerCounts
     keys: list[KeyLaunches] = Field(default_factory=list, max_length=MAX_REPORTED_KEYS)
+
+    @model_serializer(mode="wrap")
+    def _keys_when_any(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """``keys`` is sent only when there are some: a server older than per-key counts refuses
+        the field (its bodies refuse unknown fields), even empty."""
+        body: dict[str, Any] = handler(self)
+        if not self.keys:
+            body.pop("keys", None)
+        return body
 
 
 class ClientStatsPublic(_Response):

@@ -15,8 +15,17 @@ gets the artifact of a config from a :class:`BuildCache`:
   built into a temporary directory and published by one ``rename``, so a reader never sees half an
   artifact and a builder killed midway leaves nothing under the key.
 - **A failure is an artifact too**: the compiler's message (trimmed, :func:`trim_message`) is published
-  under the key and raised as :class:`BuildError` by every later :meth:`~BuildCache.get` of it (the
-  same sources, compiler and config would fail the same way), so a bench records it as a failed trial.
+  under the key and raised as :class:`BuildError` by every later :meth:`~BuildCache.get` of it, so a
+  bench records it as a failed trial (and a trial process reads it instead of compiling again).
+- **Retried when it could succeed**: a failure the key fully explains (the compiler ran and refused
+  the sources, a hook raised) is kept for good, since the same sources, compiler, flags and config fail
+  the same way and changing any of them is another key; a *transient* one (:attr:`BuildError.transient`:
+  the build timed out, the compiler could not start or was killed by a signal, a hook ran out of
+  memory or disk) is kept :attr:`BuildCache.retry_s` seconds (:data:`RETRY_TRANSIENT_S`), then built
+  again by the next :meth:`~BuildCache.get`. Deleting ``root/<recipe>/<key>`` forces a rebuild.
+- **No leftovers**: a builder killed midway leaves its temporary directory (``.build-<key>.*``); it
+  is removed when a build of that key starts, and when a :class:`BuildCache` opens (any key whose lock
+  no builder holds, :meth:`BuildCache.remove_leftovers`).
 - **Counted**: :attr:`BuildCache.stats` counts this process's builds, hits and failures, and the
   seconds spent building; :meth:`BuildCache.entries` lists what is published on disk (any process's).
 
@@ -53,10 +62,24 @@ ERROR_FILE = "error.txt"
 RECORD_FILE = "build.json"
 #: The most characters of a compiler's message kept (the wire's reasons hold 2,000).
 MESSAGE_CHARS = 1500
+#: Seconds a transient build failure (:attr:`BuildError.transient`) is kept before it is built again.
+RETRY_TRANSIENT_S = 600.0
+#: The prefix of a build's temporary directory (``.build-<key>.<random>``) beside its key.
+TEMP_PREFIX = ".build-"
+#: Seconds after which a temporary directory whose name carries no key is a leftover.
+UNKEYED_LEFTOVER_S = 3600.0
 
 
 class BuildError(RuntimeError):
-    """A config could not be built; the message is the compiler's (trimmed), or why it could not run."""
+    """A config could not be built; the message is the compiler's (trimmed), or why it could not run.
+
+    ``transient``: the failure is not the sources' (a timeout, a compiler that could not start or was
+    killed, a hook out of memory or disk), so the cache builds the config again after a while.
+    """
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 @dataclass(frozen=True)
@@ -158,9 +181,13 @@ def run_compiler(args: Sequence[str], cwd: Path, timeout_s: float) -> None:
             env={**os.environ, "LC_ALL": "C"},  # plain ASCII messages, whatever the locale
         )
     except subprocess.TimeoutExpired:
-        raise BuildError(f"the build timed out after {timeout_s:g} s: {' '.join(args[:3])} …") from None
+        message = f"the build timed out after {timeout_s:g} s: {' '.join(args[:3])} …"
+        raise BuildError(message, transient=True) from None
     except OSError as error:
-        raise BuildError(f"the compiler could not run: {error}") from None
+        raise BuildError(f"the compiler could not run: {error}", transient=True) from None
+    if done.returncode < 0:  # killed (the OOM killer, a stopping machine): not the sources' fault
+        output = trim_message(done.stderr + done.stdout)
+        raise BuildError(f"the compiler was killed by signal {-done.returncode}: {output}", transient=True)
     if done.returncode != 0:
         raise BuildError(trim_message(done.stderr + done.stdout))
 
@@ -233,16 +260,39 @@ def _exclusive(path: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+@contextmanager
+def _unheld(path: Path) -> Iterator[bool]:
+    """Whether the ``flock`` on ``path`` was free: if so it is held for the block (not waited for)."""
+    with path.open("a") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _remove(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class BuildCache:
     """Artifacts of build recipes under ``root`` (default :func:`build_root`); see the module docstring.
 
     Layout: ``root/<recipe>/<key>/`` holds the artifact (or :data:`ERROR_FILE`) and
-    :data:`RECORD_FILE`; ``root/<recipe>/<key>.lock`` is the key's lock. Thread-safe.
+    :data:`RECORD_FILE`; ``root/<recipe>/<key>.lock`` is the key's lock. Thread-safe. Opening one
+    removes the leftovers of killed builders (:meth:`remove_leftovers`). ``retry_s``: how long a
+    transient failure is kept before it is built again.
     """
 
-    def __init__(self, root: Path | None = None) -> None:
+    def __init__(self, root: Path | None = None, retry_s: float = RETRY_TRANSIENT_S) -> None:
         self.root = root if root is not None else build_root()
+        self.retry_s = retry_s
         self.stats = BuildStats()
+        self.remove_leftovers()
 
     def key(self, recipe: BuildRecipe, values: Mapping[str, int]) -> str:
         """The digest of what a build of ``values`` depends on (see the module docstring)."""
@@ -275,19 +325,24 @@ class BuildCache:
     def get(self, recipe: BuildRecipe, values: Mapping[str, int]) -> Path:
         """The artifact of ``values``: found, or built now (waiting for another builder of the key).
 
-        Raises :class:`BuildError` with the compiler's message when the build failed (now or before).
+        Raises :class:`BuildError` with the compiler's message when the build failed (now, or before
+        and kept: see the module docstring for when a failure is built again).
         """
         final = self.directory(recipe, values)
-        if final.is_dir():
+        found = self._found(recipe, final)
+        if found is None:
+            final.parent.mkdir(parents=True, exist_ok=True)
+            with _exclusive(final.parent / f"{final.name}.lock"):
+                found = self._found(recipe, final)  # another builder may have published it meanwhile
+                if found is None:
+                    found = self._build(recipe, values, final)
+                else:
+                    self.stats.add(hits=1)
+        else:
             self.stats.add(hits=1)
-            return self._published(recipe, final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with _exclusive(final.parent / f"{final.name}.lock"):
-            if final.is_dir():  # another thread or process built it while we waited
-                self.stats.add(hits=1)
-                return self._published(recipe, final)
-            self._build(recipe, values, final)
-        return self._published(recipe, final)
+        if isinstance(found, BuildError):
+            raise found
+        return found
 
     def entries(self, recipe: BuildRecipe) -> list[str]:
         """The keys published for ``recipe`` on disk (by any process), sorted."""
@@ -296,18 +351,50 @@ class BuildCache:
             return []
         return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
 
-    def _published(self, recipe: BuildRecipe, final: Path) -> Path:
-        """The artifact in a published directory, or its failure raised."""
-        error = final / ERROR_FILE
-        if error.exists():
-            raise BuildError(error.read_text(errors="replace"))
-        return final / recipe.artifact
+    def remove_leftovers(self) -> int:
+        """Remove the temporary directories of builds that never published (their builder was killed):
+        those of a key whose lock no builder holds, and those without a key older than
+        :data:`UNKEYED_LEFTOVER_S`. Returns how many were removed."""
+        removed = 0
+        folders = [p for p in self.root.iterdir() if p.is_dir()] if self.root.is_dir() else []
+        for folder in folders:
+            for path in folder.glob(f"{TEMP_PREFIX}*"):
+                key, dot, _ = path.name[len(TEMP_PREFIX) :].partition(".")
+                if not dot:
+                    if time.time() - path.stat().st_mtime > UNKEYED_LEFTOVER_S:
+                        _remove(path)
+                        removed += 1
+                    continue
+                with _unheld(folder / f"{key}.lock") as free:
+                    if free:
+                        _remove(path)
+                        removed += 1
+        return removed
 
-    def _build(self, recipe: BuildRecipe, values: Mapping[str, int], final: Path) -> None:
-        """Build into a temporary directory beside ``final`` and publish it by renaming (under the lock)."""
+    def _found(self, recipe: BuildRecipe, final: Path) -> Path | BuildError | None:
+        """What is published at ``final``: the artifact, or the failure to raise; None when nothing
+        is, when it is a transient failure older than :attr:`retry_s`, or when it vanished while read
+        (being replaced: the caller takes the key's lock and looks again)."""
+        try:
+            record = json.loads((final / RECORD_FILE).read_text())
+            if record.get("ok", True):
+                return final / recipe.artifact
+            message = (final / ERROR_FILE).read_text(errors="replace")
+        except FileNotFoundError:
+            return None
+        transient = bool(record.get("transient"))
+        if transient and time.time() - float(record.get("finished_at", 0.0)) >= self.retry_s:
+            return None
+        return BuildError(message, transient=transient)
+
+    def _build(self, recipe: BuildRecipe, values: Mapping[str, int], final: Path) -> Path | BuildError:
+        """Build into a temporary directory beside ``final`` and publish it by renaming (under the
+        key's lock, after removing the key's leftovers; an expired failure there is replaced)."""
+        for leftover in final.parent.glob(f"{TEMP_PREFIX}{final.name}.*"):
+            _remove(leftover)
         started = time.monotonic()
-        workdir = Path(tempfile.mkdtemp(prefix=".build-", dir=final.parent))
-        failure: str | None = None
+        workdir = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.", dir=final.parent))
+        failure: BuildError | None = None
         try:
             compiler = resolve_compiler(recipe)[0]
             output = workdir / recipe.artifact
@@ -318,16 +405,23 @@ class BuildCache:
             if not output.exists():
                 raise BuildError(f"the build of {recipe.name} finished without writing {recipe.artifact}")
         except BuildError as error:
-            failure = str(error)
+            failure = error
         except Exception as error:  # a hook's own failure is the config's failure, with its type
-            failure = trim_message(f"{type(error).__name__}: {error}")
+            transient = isinstance(error, (OSError, MemoryError))  # out of disk or memory, not the config
+            failure = BuildError(trim_message(f"{type(error).__name__}: {error}"), transient=transient)
         seconds = time.monotonic() - started
-        if failure is not None:
-            (workdir / ERROR_FILE).write_text(failure)
         record = {"recipe": recipe.name, "values": dict(values), "seconds": seconds, "ok": failure is None}
+        if failure is not None:
+            (workdir / ERROR_FILE).write_text(str(failure))
+            record |= {"transient": failure.transient, "finished_at": time.time()}
         (workdir / RECORD_FILE).write_text(json.dumps(record, sort_keys=True))
+        if final.exists():  # an expired failure: moved aside (a leftover if we die now), then removed
+            aside = Path(tempfile.mkdtemp(prefix=f"{TEMP_PREFIX}{final.name}.", dir=final.parent))
+            os.rename(final, aside)
+            _remove(aside)
         os.rename(workdir, final)
         self.stats.add(built=1, failed=int(failure is not None), build_s=seconds)
+        return failure if failure is not None else final / recipe.artifact
 
 
 _caches: dict[Path, BuildCache] = {}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiletune.kernels.declarations import BUILTIN_KERNELS
+from tiletune.kernels.declarations import BUILD_TIME_KERNELS, BUILTIN_KERNELS
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gelu_plugin"
 
@@ -103,8 +103,9 @@ def test_a_server_reads_the_plugins_declaration_without_torch(plugin_path: Path)
     )
 
     assert result.returncode == 0, result.stderr
-    # every built-in kernel declared thrice (portable, native, Triton), then the plugin's
-    declared = str(3 * len(BUILTIN_KERNELS) + 1)
+    # every built-in kernel declared thrice (portable, native, Triton), each build-time kernel once,
+    # then the plugin's
+    declared = str(3 * len(BUILTIN_KERNELS) + len(BUILD_TIME_KERNELS) + 1)
     assert result.stdout.split() == ["GeluDeclaration", "{'tile_size':", "1024}", declared]
 
 

@@ -5,7 +5,8 @@ Each row: the key, the launches that ranked it, the software change, its job and
 state, the old best's time when it was queued (``old_ms``), and once the job's validation ran:
 the old best re-measured in that run (``old_run_ms``), the run's winner (``new_ms``), and the
 outcome: ``replaced`` (the winner beat the old best in the run and was promoted), ``kept`` (the
-old best won; it is still served, still stale), or the job's state while it runs or if it failed.
+old best won; it is re-validated with the new software and served as current), or the job's
+state while it runs or if it failed.
 One query for the page's rows, one for their validation trials.
 """
 

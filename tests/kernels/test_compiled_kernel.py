@@ -6,8 +6,13 @@ Each build of the kernel is a real compile (about half a second with g++): the t
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import subprocess
+import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -125,6 +130,95 @@ def test_a_build_hook_builds_and_its_exception_is_the_failure(tmp_path: Path, bu
         cache.get(hooked, {"tile_m": 128})
     with pytest.raises(ValueError, match="not both or none"):
         BuildRecipe("neither", (source,), "x", compiler="true")
+
+
+def test_a_transient_failure_is_built_again_after_retry_s_and_a_refusal_is_kept(
+    tmp_path: Path, build_dir: Path
+) -> None:
+    source = tmp_path / "kernel.txt"
+    source.write_text("tiles")
+    calls = {"flaky": 0, "refused": 0}
+
+    def flaky(context: BuildContext) -> None:
+        calls["flaky"] += 1
+        if calls["flaky"] == 1:
+            raise OSError(28, "No space left on device")
+        context.output.write_text("built")
+
+    def refused(context: BuildContext) -> None:
+        calls["refused"] += 1
+        raise ValueError("tile_m does not fit this toolchain")
+
+    cache = BuildCache(build_dir)
+    flaky_recipe = BuildRecipe("flaky", (source,), "kernel.bin", compiler="true", hook=flaky)
+    with pytest.raises(BuildError, match="No space left") as first:
+        cache.get(flaky_recipe, {"tile_m": 16})
+    assert first.value.transient
+    with pytest.raises(BuildError, match="No space left"):  # kept while younger than retry_s
+        cache.get(flaky_recipe, {"tile_m": 16})
+    assert calls["flaky"] == 1
+    later = BuildCache(build_dir, retry_s=0.0)
+    assert later.get(flaky_recipe, {"tile_m": 16}).read_text() == "built"
+    assert (calls["flaky"], later.stats.built) == (2, 1)
+    assert later.get(flaky_recipe, {"tile_m": 16}).read_text() == "built"  # a success is kept
+
+    refused_recipe = BuildRecipe("refused", (source,), "kernel.bin", compiler="true", hook=refused)
+    for _ in range(2):
+        with pytest.raises(BuildError, match="ValueError") as refusal:
+            later.get(refused_recipe, {"tile_m": 16})
+        assert not refusal.value.transient
+    assert calls["refused"] == 1  # the same inputs fail the same way: never built again
+
+    slow = BuildRecipe("slow", (source,), "x", compiler="sleep", command=("{compiler}", "5"), timeout_s=0.2)
+    with pytest.raises(BuildError, match="timed out after 0.2 s") as timeout:
+        later.get(slow, {})
+    assert timeout.value.transient
+
+
+#: A builder whose build never ends (run in a child process that the test kills).
+SLOW_BUILDER = """
+import sys, time
+from pathlib import Path
+from tiletune.kernels.build_cache import BuildCache, BuildRecipe
+
+def hook(context):
+    time.sleep(120)
+
+recipe = BuildRecipe("slow", (Path(sys.argv[2]),), "out.bin", compiler="true", hook=hook)
+BuildCache(Path(sys.argv[1])).get(recipe, {"tile_m": 16})
+"""
+
+
+def test_a_killed_builders_leftover_is_removed_when_a_cache_opens_unless_its_key_is_being_built(
+    tmp_path: Path, build_dir: Path
+) -> None:
+    source = tmp_path / "kernel.txt"
+    source.write_text("tiles")
+    builder = subprocess.Popen([sys.executable, "-c", SLOW_BUILDER, str(build_dir), str(source)])
+    folder = build_dir / "slow"
+    try:
+        deadline = time.monotonic() + 60
+        while not list(folder.glob(".build-*")) and time.monotonic() < deadline:
+            assert builder.poll() is None
+            time.sleep(0.05)
+        (leftover,) = folder.glob(".build-*")
+        assert BuildCache(build_dir).remove_leftovers() == 0  # its builder holds the key's lock
+    finally:
+        builder.kill()
+        builder.wait()
+    held = folder / f".build-{'a' * 24}.busy"
+    held.mkdir()
+    unkeyed_old, unkeyed_new = folder / ".build-old", folder / ".build-new"
+    unkeyed_old.mkdir()
+    unkeyed_new.mkdir()
+    os.utime(unkeyed_old, (time.time() - 7200, time.time() - 7200))
+    with (folder / f"{'a' * 24}.lock").open("a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # a live builder of that key
+        BuildCache(build_dir)
+    assert leftover.name.startswith(".build-") and not leftover.exists()
+    assert not unkeyed_old.exists()
+    assert held.exists() and unkeyed_new.exists()
+    assert BuildCache(build_dir).entries(BuildRecipe("slow", (source,), "x", compiler="true", hook=print)) == []
 
 
 def test_a_missing_compiler_is_a_build_error(tmp_path: Path, build_dir: Path) -> None:
