@@ -7,12 +7,24 @@ configs (and the kernel's default) both versions are timed interleaved in one ru
 ``torch.matmul`` beside them, for scale): medians, p10/p90, ``static_speedup`` (run-time median /
 compile-time median). Per shape, the best of each version over the configs and their ratio.
 
-``build_ahead``: a ``compiled_matmul`` sweep (grid over the first ``--trials`` configs of one shape,
-a fresh build folder each time) tuned end to end by the real worker against the real app (SQLite,
-in process), once with the build-ahead pool (``TILETUNE_BUILD_WORKERS`` unset: the cores but one)
-and once without (``0``: each config built when it is measured). Reported: the job's wall seconds,
-the seconds the measuring waited on builds (``waited_s``), builds made, and ``busy``: the share of
-the job's wall time the measuring did not wait on a build.
+``build_ahead``: a ``compiled_matmul`` sweep (``random`` strategy, ``--trials`` configs of one shape,
+nearly every one its own build, a fresh build folder each time) tuned end to end by the real worker
+(isolated trials, pipelined asks, batches of 4) against the real app (SQLite, in process), once with
+the build-ahead pool (``TILETUNE_BUILD_WORKERS`` unset: the cores but one) and once without (``0``:
+each config built when it is measured). Reported per run, from the job driver's account of the job
+(:mod:`tiletune.tuner.measure.job_driver`):
+
+- ``measuring_s``: the trial process's calls (round trips, checks, timed runs, the validation run);
+- ``build_wait_s``: the measuring waiting for a build;
+- ``job_wall_s``: the worker's wall seconds for the job, and ``other_s``, the part of it that is
+  neither (the trial process's start, the default's build and check, asks and tells);
+- ``busy`` = ``measuring_s / job_wall_s``;
+- the builds made, ``build_s`` (this process's seconds building, summed over the pool's threads),
+  configs whose build was ready when their measuring began, the load average when the run began.
+
+The pool's threads run at the lowest priority, so a config measured on every core leaves them little
+CPU: the pool gains where the measuring leaves cores idle (one-thread configs, more cores than the
+measuring uses), and the figures are only meaningful on an otherwise quiet machine.
 
 Run from the repository root: ``.venv/bin/python -m benchmarks.compile_time_tiles`` (``--quick``).
 """
@@ -21,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import secrets
 import tempfile
@@ -48,7 +61,10 @@ CONFIGS = (
     {"tile_m": 128, "tile_n": 256, "tile_k": 32},
 )
 SETTINGS = BenchSettings(warmup_runs=2, min_samples=15, max_samples=200, budget_s=0.3)
-AHEAD_SHAPE = {"m": 128, "n": 128, "k": 128}
+#: The build-ahead sweep's shape: a trial measures for about as long as a build takes (a few tenths
+#: of a second), so whether the builds hide behind the measuring shows.
+AHEAD_SHAPE = {"m": 256, "n": 256, "k": 256}
+AHEAD_BATCH = 4
 
 
 def _row(m: Measurement) -> dict[str, float]:
@@ -101,55 +117,87 @@ def tiles_case(
     }
 
 
-def ahead_case(trials: int, workers: str | None) -> dict[str, Any]:
-    """One sweep through the real app and worker in a fresh build folder; see the module docstring."""
+class _JobTimes(logging.Handler):
+    """Keeps the job driver's account of each job (its log record's ``job_time``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.jobs: list[dict[str, float]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        job_time = getattr(record, "job_time", None)
+        if isinstance(job_time, dict):
+            self.jobs.append(job_time)
+
+
+def _sweep_once(folder: str, trials: int) -> tuple[float, dict[str, float]]:
+    """One sweep worked by a fresh worker: its wall seconds and the driver's account of the job."""
     from fastapi.testclient import TestClient
 
     from tiletune.service.app import create_app
     from tiletune.service.migrate import upgrade
     from tiletune.service.settings import Settings
-    from tiletune.tuner.measure.build_ahead import shared_build_ahead
     from tiletune.tuner.measure.worker import Worker
 
+    url = f"sqlite:///{folder}/tiletune.db"
+    upgrade(url)
+    secret = "tt_" + secrets.token_urlsafe(32)
+    app_settings = Settings(db_url=url, admin_token=SecretStr(secret))
+    driver_log = logging.getLogger("tiletune.tuner.measure.job_driver")
+    times = _JobTimes()
+    driver_log.addHandler(times)
+    driver_log.setLevel(logging.INFO)
+    try:
+        with TestClient(
+            create_app(app_settings, reaper=False), headers={"Authorization": f"Bearer {secret}"}
+        ) as app:
+            sweep = {
+                "kernel": "compiled_matmul",
+                "shapes": [AHEAD_SHAPE],
+                "trials": trials,
+                "strategy": "random",
+            }
+            assert app.post("/v1/sweeps", json=sweep).status_code == 201
+            with Worker(app, backend="cpu", batch=AHEAD_BATCH, name="bench") as worker:
+                started = time.monotonic()
+                worker.run(once=True)
+                wall_s = time.monotonic() - started
+    finally:
+        driver_log.removeHandler(times)
+    (job,) = times.jobs
+    return wall_s, job
+
+
+def ahead_case(trials: int, workers: str | None) -> dict[str, Any]:
+    """One sweep through the real app and worker in a fresh build folder; see the module docstring."""
+    from tiletune.tuner.measure.build_ahead import shared_build_ahead
+
+    load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as folder:
         os.environ["TILETUNE_BUILD_DIR"] = str(Path(folder) / "builds")
         if workers is None:
             os.environ.pop("TILETUNE_BUILD_WORKERS", None)
         else:
             os.environ["TILETUNE_BUILD_WORKERS"] = workers
-        url = f"sqlite:///{folder}/tiletune.db"
-        upgrade(url)
-        secret = "tt_" + secrets.token_urlsafe(32)
-        headers = {"Authorization": f"Bearer {secret}"}
-        with TestClient(
-            create_app(Settings(db_url=url, admin_token=SecretStr(secret)), reaper=False), headers=headers
-        ) as app:
-            sweep = {
-                "kernel": "compiled_matmul",
-                "shapes": [AHEAD_SHAPE],
-                "trials": trials,
-                "strategy": "grid",
-            }
-            assert app.post("/v1/sweeps", json=sweep).status_code == 201
-            ahead = shared_build_ahead()
-            before = ahead.stats.as_dict()
-            worker = Worker(app, backend="cpu", batch=4, name="bench")
-            started = time.monotonic()
-            worker.run(once=True)
-            wall_s = time.monotonic() - started
-            worker.close()
-            after = ahead.stats.as_dict()
-            built = len(BuildCache(Path(folder) / "builds").entries(recipe()))
-        waited_s = after["waited_s"] - before["waited_s"]
-        return {
-            "build_workers": ahead.workers,
-            "job_wall_s": wall_s,
-            "waited_s": waited_s,
-            "ready_when_measured": after["ready"] - before["ready"],
-            "waits": after["waits"] - before["waits"],
-            "builds": built,
-            "busy": 1 - waited_s / wall_s,
-        }
+        ahead, cache = shared_build_ahead(), shared_cache()
+        before = ahead.stats.as_dict()
+        wall_s, job = _sweep_once(folder, trials)
+        after = ahead.stats.as_dict()
+        built = len(BuildCache(Path(folder) / "builds").entries(recipe()))
+    return {
+        "build_workers": ahead.workers,
+        "load_average_1m": load,
+        "trials": job["trials"],
+        "builds": built,
+        "build_s": cache.stats.build_s,
+        "job_wall_s": wall_s,
+        "measuring_s": job["measuring_s"],
+        "build_wait_s": job["build_wait_s"],
+        "other_s": wall_s - job["measuring_s"] - job["build_wait_s"],
+        "busy": job["measuring_s"] / wall_s,
+        "ready_when_measured": after["ready"] - before["ready"],
+        "waits": after["waits"] - before["waits"],
+    }
 
 
 def main() -> None:

@@ -170,7 +170,7 @@ def test_a_transient_failure_is_built_again_after_retry_s_and_a_refusal_is_kept(
     assert calls["refused"] == 1  # the same inputs fail the same way: never built again
 
     slow = BuildRecipe("slow", (source,), "x", compiler="sleep", command=("{compiler}", "5"), timeout_s=0.2)
-    with pytest.raises(BuildError, match="timed out after 0.2 s") as timeout:
+    with pytest.raises(BuildError, match=r"timed out after 0\.2 s") as timeout:
         later.get(slow, {})
     assert timeout.value.transient
 
@@ -215,10 +215,11 @@ def test_a_killed_builders_leftover_is_removed_when_a_cache_opens_unless_its_key
     with (folder / f"{'a' * 24}.lock").open("a") as lock:
         fcntl.flock(lock.fileno(), fcntl.LOCK_EX)  # a live builder of that key
         BuildCache(build_dir)
-    assert leftover.name.startswith(".build-") and not leftover.exists()
+    assert not leftover.exists()
     assert not unkeyed_old.exists()
-    assert held.exists() and unkeyed_new.exists()
-    assert BuildCache(build_dir).entries(BuildRecipe("slow", (source,), "x", compiler="true", hook=print)) == []
+    assert held.exists()
+    assert unkeyed_new.exists()
+    assert not [path for path in folder.iterdir() if path.is_dir() and not path.name.startswith(".")]
 
 
 def test_a_missing_compiler_is_a_build_error(tmp_path: Path, build_dir: Path) -> None:

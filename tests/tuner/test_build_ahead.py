@@ -6,7 +6,11 @@ worker; every build is a real compile into a build folder of the test's own.
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,10 +23,16 @@ from tiletune.kernels.build_cache import BuildCache, shared_cache
 from tiletune.kernels.compiled_matmul.spec import recipe
 from tiletune.kernels.device import CpuDevice
 from tiletune.service.app import create_app
+from tiletune.service.cli import main
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
-from tiletune.tuner.measure.build_ahead import BuildAhead, default_workers
+from tiletune.tuner.measure.build_ahead import (
+    BUILD_NICENESS,
+    BuildAhead,
+    default_workers,
+    shared_build_ahead,
+)
 from tiletune.tuner.measure.worker import Worker
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++")
@@ -75,6 +85,20 @@ def test_the_pool_builds_a_batch_ahead_and_measuring_finds_it_ready(build_dir: P
     assert bench.evaluate(configs[2]).ok
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="a thread's own nice value is Linux's")
+def test_the_pool_and_the_compilers_it_starts_yield_to_the_measuring() -> None:
+    builds = BuildAhead(workers=1)
+    bench = small_bench()
+    try:
+        assert builds.submit(bench, [{"tile_m": 16, "tile_n": 16, "tile_k": 16, "block_dim": 1}]) == 1
+        assert builds._pool is not None
+        started = builds._pool.submit(subprocess.run, ["nice"], capture_output=True, text=True, check=True)
+        assert started.result().stdout.strip() == str(BUILD_NICENESS)
+    finally:
+        builds.close()
+    assert os.getpriority(os.PRIO_PROCESS, 0) < BUILD_NICENESS  # the measuring's priority is its own
+
+
 def test_a_kernel_without_build_knobs_is_never_built() -> None:
     builds = BuildAhead(workers=1)
     bench = small_bench("native_matmul") if get_kernel("native_matmul").supports("cpu") else None
@@ -106,6 +130,29 @@ def test_default_workers_leave_the_measuring_a_core(monkeypatch: pytest.MonkeyPa
     assert default_workers() == 0
 
 
+def test_local_tuning_builds_each_config_before_timing_it_and_builds_the_next_ahead(
+    build_dir: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TILETUNE_BUILD_WORKERS", "1")
+    builds = shared_build_ahead()
+    before = builds.stats.as_dict()
+    shape = ",".join(f"{dim}={size}" for dim, size in SMALL.items())
+    argv = ["tune", "compiled_matmul", "--shape", shape, "--dtype", "float32", "--trials", "4", "--json"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    after = builds.stats.as_dict()
+
+    assert report["trials"]["completed"] == 4, report["trials"]
+    assert report["best"]["median_ms"] > 0
+    assert report["best"]["samples"] >= 5  # a real measurement: BenchSettings' minimum samples
+    assert report["best"]["config"] in [row["config"] for row in report["validated"]]
+    assert after["submitted"] - before["submitted"] >= 1  # asked ahead and built meanwhile
+    # each measured config's build was in the cache before its check and timed runs began
+    assert (after["ready"] + after["waits"]) - (before["ready"] + before["waits"]) >= 4
+    tiles = {(c["tile_m"], c["tile_n"], c["tile_k"]) for c in [row["config"] for row in report["validated"]]}
+    assert 1 <= len(tiles) <= len(BuildCache(build_dir).entries(recipe())) <= 4  # nothing built unmeasured
+
+
 def test_compiled_matmul_is_tuned_through_the_service_and_a_second_job_builds_nothing(
     client: TestClient, build_dir: Path
 ) -> None:
@@ -121,7 +168,9 @@ def test_compiled_matmul_is_tuned_through_the_service_and_a_second_job_builds_no
         assert [t for t in trials if t["state"] == "measured"], trials
         built = BuildCache(build_dir).entries(recipe())
         assert len(built) == 8  # every tile combination of the grid
-        assert cache.stats.built >= 1
+        # every build was made in the worker's process (the default before its trial process checked
+        # it, timed; the rest ahead of their measuring): the trial process compiled nothing
+        assert cache.stats.built == len(built)
         found = client.get(
             "/v1/configs/compiled_matmul",
             params={"shape": job["shape_key"], "chip": worker.device.chip.name, "match": "exact"},

@@ -6,7 +6,9 @@ and builds its :class:`~tiletune.tuner.measure.bench.KernelBench` once per lease
 reference output; a lookup bench on a replay device). Anything this worker cannot run is an
 :class:`UnsupportedJobError` saying why, which the worker releases as failed. Given a
 :class:`~tiletune.tuner.measure.isolation.TrialPool`, the bench of a real device runs its configs
-in the pool's child process (a replay bench never needs it).
+in the pool's child process (a replay bench never needs it); a kernel whose configs are builds has its
+default built here first, since the child checks it, timed, and derives the trials' time limits
+from that time (:meth:`~tiletune.tuner.measure.build_ahead.BuildAhead.ready_default`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from tiletune.kernels.errors import InputError, UnknownKernelError
 from tiletune.kernels.registry import get_kernel, runs_on
 from tiletune.kernels.spec import torch_dtype
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.build_ahead import shared_build_ahead
 from tiletune.tuner.measure.isolation import TrialPool
 from tiletune.tuner.measure.replay_bench import ReplayBench
 
@@ -53,5 +56,6 @@ def bench_for(
     if isinstance(device, ReplayDevice):
         return ReplayBench(spec, shape, job.dtype, device, job.backend, settings)
     if isolation is not None:
+        shared_build_ahead().ready_default(spec, shape, job.dtype, device.chip.limits)  # no compile timed
         return isolation.bench(spec, shape, job.dtype, device, backend=job.backend, settings=settings)
     return KernelBench(spec, shape, job.dtype, device, job.backend, settings)

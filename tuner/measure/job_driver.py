@@ -20,6 +20,11 @@ the batch: what was measured is told, then the error is raised for the worker to
 A kernel whose configs are builds (build-time knobs) has each batch built ahead
 (:mod:`tiletune.tuner.measure.build_ahead`): the batch asked ahead starts building as soon as it is
 answered, and a config is measured only once its build is in the cache.
+
+When a job ends here (``done``, or validated) its time is logged at info level: the seconds spent
+measuring (the trial process's calls, round trips and checks included, and the validation run),
+the seconds waiting for builds, and the lease's wall seconds; the record carries them as
+``record.job_time`` (a dict: ``measuring_s``, ``build_wait_s``, ``wall_s``, ``trials``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -70,6 +76,11 @@ class LeasedRun:
     untold: list[TrialOutcome] = field(default_factory=list)
     #: Set when the device was found unusable mid-batch: raised once the untold outcomes are told.
     unusable: DeviceUnusableError | None = None
+    #: Seconds measuring (bench calls: checks, timed runs, the validation run), waiting for builds.
+    measuring_s: float = 0.0
+    build_wait_s: float = 0.0
+    trials: int = 0
+    started_s: float = field(default_factory=time.monotonic)
 
     @property
     def label(self) -> str:
@@ -117,6 +128,7 @@ class JobDriver:
             if answer.phase == AskPhase.VALIDATE:
                 return self._validate(run, answer.validate_configs)
             if answer.phase == AskPhase.DONE:
+                _log_job_time(run)
                 return Release("job done")
             if not told:  # wait (others hold the rest), or a search with nothing to measure yet
                 self._sleep(self._poll_s)
@@ -210,8 +222,13 @@ class JobDriver:
             config = bench.spec.parse_config(task.config, bench.shape, bench.device.chip.limits)
         except InputError as error:
             return TrialOutcome(trial_id=task.trial_id, invalid=str(error))
+        started = time.monotonic()
         self.builds.ready(bench, config)  # never a compile inside the timed runs
+        measuring = time.monotonic()
         result = run.bench.evaluate(config, run.best_ms)
+        run.build_wait_s += measuring - started
+        run.measuring_s += time.monotonic() - measuring
+        run.trials += 1
         measurement = result.measurement
         if measurement is not None and not measurement.pruned:
             run.best_ms = min(run.best_ms or measurement.median_ms, measurement.median_ms)
@@ -222,12 +239,37 @@ class JobDriver:
         if not configs:
             return Release("the server asked to validate no configs", failed=True)
         logger.info("%s: validating %d configs interleaved", run.label, len(configs))
+        started = time.monotonic()
         self.builds.ready_all(run.bench, configs)
+        measuring = time.monotonic()
         results = validated_results(run.bench, configs)
+        run.build_wait_s += measuring - started
+        run.measuring_s += time.monotonic() - measuring
         run.heartbeat.check()
         self._api.complete(run.lease.token, results)
         logger.info("%s: validation run reported; the job is complete", run.label)
+        _log_job_time(run)
         return None
+
+
+def _log_job_time(run: LeasedRun) -> None:
+    """Log where the job's time went (see the module docstring)."""
+    wall_s = time.monotonic() - run.started_s
+    job_time = {
+        "measuring_s": run.measuring_s,
+        "build_wait_s": run.build_wait_s,
+        "wall_s": wall_s,
+        "trials": run.trials,
+    }
+    logger.info(
+        "%s: %d trials; measuring %.1f s, waiting for builds %.1f s, of %.1f s",
+        run.label,
+        run.trials,
+        run.measuring_s,
+        run.build_wait_s,
+        wall_s,
+        extra={"job_time": job_time},
+    )
 
 
 def _wait_quietly(future: Future[AskPublic]) -> None:

@@ -8,7 +8,9 @@ or convergence), the top few configs and the default are re-measured
 interleaved in one run; the fastest of those that beats the default beyond that
 run's spread is the answer, else the default, so the best config is never slower
 than the default (the policy is :mod:`tiletune.tuner.search.finalists`', the
-server's too).
+server's too). A kernel whose configs are builds has each config built before it is checked and
+timed, and the search asks a few trials ahead so they build while one is measured
+(:mod:`tiletune.tuner.measure.build_ahead`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from tiletune.client.chip import software_fingerprint
@@ -23,9 +26,11 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.build_ahead import shared_build_ahead
 from tiletune.tuner.measure.replay import ReplaySpace
 from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search, SearchSpace, TpeOptions
+from tiletune.tuner.search.trials import Candidate
 
 #: Called after each trial with (unique valid measurements so far, best time so far in ms).
 Progress = Callable[[int, float | None], None]
@@ -119,27 +124,39 @@ def run_search(
     evaluate: Callable[[Config, float | None], TrialResult],
     progress: Progress | None = None,
     clock: Callable[[], float] = time.monotonic,
+    *,
+    ahead: int = 0,
+    prepare: Callable[[list[Config]], object] | None = None,
 ) -> tuple[dict[str, TrialResult], list[TracePoint]]:
-    """Ask, evaluate and tell until the search is done; every result by config key, and the trace."""
+    """Ask, evaluate and tell until the search is done; every result by config key, and the trace.
+
+    ``ahead``: candidates asked beyond the one evaluated (0: one at a time), each handed to
+    ``prepare`` when asked (a kernel whose configs are builds builds them meanwhile). Candidates
+    still asked when the search is done are left unmeasured.
+    """
     results: dict[str, TrialResult] = {}
     trace: list[TracePoint] = []
     start = clock()
+    queued: list[Candidate] = []
     while not search.done:
-        candidates = search.ask(1)
-        if not candidates:
+        asked = search.ask(1 + ahead - len(queued)) if len(queued) <= ahead else []
+        if asked and prepare is not None:
+            prepare([candidate.config for candidate in asked])
+        queued += asked
+        if not queued:
             break
-        for candidate in candidates:
+        candidate = queued.pop(0)
+        best = search.best(1)
+        result = evaluate(candidate.config, best[0][1] if best else None)
+        results[config_key(candidate.config)] = result
+        if result.measurement is not None:
+            search.tell(candidate.trial_id, result.measurement.median_ms)
+            trace.append(TracePoint(clock() - start, candidate.config, result.measurement.median_ms))
+        else:
+            search.tell(candidate.trial_id, None, result.error or result.invalid)
+        if progress is not None:
             best = search.best(1)
-            result = evaluate(candidate.config, best[0][1] if best else None)
-            results[config_key(candidate.config)] = result
-            if result.measurement is not None:
-                search.tell(candidate.trial_id, result.measurement.median_ms)
-                trace.append(TracePoint(clock() - start, candidate.config, result.measurement.median_ms))
-            else:
-                search.tell(candidate.trial_id, None, result.error or result.invalid)
-            if progress is not None:
-                best = search.best(1)
-                progress(search.counts.completed, best[0][1] if best else None)
+            progress(search.counts.completed, best[0][1] if best else None)
     return results, trace
 
 
@@ -181,11 +198,18 @@ def tune(
     )
     search = _search(space, options)
     bench = KernelBench(spec, shape, dtype, device, backend, options.bench)
-    results, trace = run_search(search, bench.evaluate, progress)
+    builds = shared_build_ahead()  # a kernel whose configs are builds: built ahead, never while timed
+    results, trace = run_search(
+        search,
+        partial(builds.evaluate, bench),
+        progress,
+        ahead=builds.depth(spec),
+        prepare=partial(builds.submit, bench),
+    )
     if not search.best(1):
         raise RuntimeError(f"no valid config of {spec.name} ran correctly for {spec.canonical_shape(shape)}")
 
-    default_result = results.get(config_key(default)) or bench.evaluate(default)
+    default_result = results.get(config_key(default)) or builds.evaluate(bench, default)
     top = [config for config, _ in search.best(options.validate_top)]
     runs = finalists(top, default if default_result.ok else None)
     validated = list(zip(runs, bench.compare(runs), strict=True))

@@ -118,9 +118,20 @@ class StringIndex {
       if (keys_[slot] == key) return slot;
     }
   }
+  //! A multiply-xorshift hash of 8 bytes a step (the launch path hashes ~100-byte shape keys).
   static std::uint64_t hash(std::string_view key) noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    for (char c : key) h = (h ^ static_cast<unsigned char>(c)) * 1099511628211ull;
+    const char* at = key.data();
+    std::size_t left = key.size();
+    std::uint64_t h = 0x9E3779B97F4A7C15ull ^ left;
+    std::uint64_t word = 0;
+    for (; left >= 8; left -= 8, at += 8) {
+      std::memcpy(&word, at, 8);
+      h = (h ^ word) * 0xBF58476D1CE4E5B9ull;
+      h ^= h >> 31;
+    }
+    word = 0;
+    for (std::size_t i = 0; i < left; ++i) word |= std::uint64_t{static_cast<unsigned char>(at[i])} << (8 * i);
+    h = (h ^ word ^ (std::uint64_t{left} << 56)) * 0x94D049BB133111EBull;
     return h ^ (h >> 29);
   }
 

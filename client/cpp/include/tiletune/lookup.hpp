@@ -33,13 +33,19 @@ inline const Dim* find_dim(const Dim* dims, std::size_t count, std::string_view 
   return nullptr;
 }
 
-//! tiletune.client.known.with_defaults: the key with the dims it leaves out that have a default.
+//! Whether the key leaves out a dim the kernel's info gives a default (then with_defaults fills it).
+inline bool needs_defaults(const KernelInfo* info, const Dim* dims, std::size_t count) noexcept {
+  if (info == nullptr) return false;
+  for (const auto& d : info->dim_defaults) {
+    if (find_dim(dims, count, d.first) == nullptr) return true;
+  }
+  return false;
+}
+
+//! tiletune.client.known.with_defaults: the key with the dims it leaves out that have a default
+//! (when needs_defaults), into `filled`; how many dims it has.
 inline std::size_t with_defaults(const KernelInfo* info, const Dim* dims, std::size_t count, Dim* filled) noexcept {
   for (std::size_t i = 0; i < count; ++i) filled[i] = dims[i];
-  if (info == nullptr) return count;
-  bool all = true;
-  for (const auto& d : info->dim_defaults) all = all && find_dim(dims, count, d.first) != nullptr;
-  if (all) return count;
   std::size_t size = count;
   for (const std::string& dim : info->dims) {
     const auto* rule = find_named(info->dim_defaults, dim);
@@ -191,10 +197,16 @@ inline Answer State::get(std::string_view kernel_name, const Dim* dims, std::siz
     if (info == nullptr) return answer;
     version = info->version;
   }
+  if (!needs_defaults(info, dims, count)) {  // the launch path: the key as given, no copy
+    exact(kernel, version, dims, count, dtype, answer);
+    if (answer.match == Match::exact || info == nullptr) return answer;
+    nearest(*kernel, version, dims, count, dims, count, dtype, answer);
+    return answer;
+  }
   Dim filled[kMaxFilled];
   std::size_t size = with_defaults(info, dims, count, filled);
   exact(kernel, version, filled, size, dtype, answer);
-  if (answer.match == Match::exact || info == nullptr) return answer;
+  if (answer.match == Match::exact) return answer;
   nearest(*kernel, version, filled, size, dims, count, dtype, answer);
   return answer;
 }
@@ -261,7 +273,8 @@ class Table {
 
   Answer get(std::string_view kernel, const Dim* dims, std::size_t count, std::string_view dtype,
              std::int64_t version = kBundleVersion) const noexcept {
-    return state_ ? state_->get(kernel, dims, count, dtype, version) : Answer();
+    if (!state_) return Answer();
+    return state_->get(kernel, dims, count, dtype, version);
   }
   Answer get(std::string_view kernel, std::initializer_list<Dim> dims, std::string_view dtype,
              std::int64_t version = kBundleVersion) const noexcept {
@@ -308,7 +321,8 @@ class Client {
   Answer get(std::string_view kernel, const Dim* dims, std::size_t count, std::string_view dtype,
              std::int64_t version = kBundleVersion) const noexcept {
     std::shared_ptr<const detail::State> state = std::atomic_load(&state_);
-    return state ? state->get(kernel, dims, count, dtype, version) : Answer();
+    if (!state) return Answer();
+    return state->get(kernel, dims, count, dtype, version);
   }
   Answer get(std::string_view kernel, std::initializer_list<Dim> dims, std::string_view dtype,
              std::int64_t version = kBundleVersion) const noexcept {
