@@ -55,7 +55,7 @@ lock: setup
 	$(call compile,pyproject.toml requirements/build.in --extra server --universal -o requirements/server.lock)
 	$(call compile,pyproject.toml requirements/build.in requirements/torch-cpu.in --extra worker \
 		$(LINUX_X86_64) --find-links $(TORCH_CPU_WHEELS) -o requirements/worker-cpu.lock)
-	$(call compile,pyproject.toml requirements/build.in requirements/torch-cuda.in --extra worker \
+	$(call compile,pyproject.toml requirements/build.in requirements/torch-cuda.in --extra worker --extra cuda \
 		$(LINUX_X86_64) -o requirements/worker-cuda.lock)
 	$(call compile,pyproject.toml requirements/torch-cpu.in --extra dev \
 		$(LINUX_X86_64) --find-links $(TORCH_CPU_WHEELS) -o requirements/dev.lock)
