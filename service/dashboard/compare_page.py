@@ -325,6 +325,16 @@ NameQuery = Annotated[str | None, Query(max_length=200)]
 SoftwareQuery = Annotated[int | None, Query(ge=1, le=MAX_DB_INT)]
 
 
+def _check_one_comparison(chips: bool, software: bool) -> None:
+    """Refuse a request naming both two chips and one chip's two software versions."""
+    if chips and software:
+        raise InvalidInputError(
+            "compare two chips (a, b) or two software versions of one chip (chip, software_a, "
+            "software_b), not both",
+            field="chip",
+        )
+
+
 @router.get("/compare")
 def compare_page(
     request: Request,
@@ -344,12 +354,7 @@ def compare_page(
 ) -> Response:
     """The compare page (see the module docstring); ``format=csv|json`` downloads its table."""
     a, b, chip, kernel = a or None, b or None, chip or None, kernel or None
-    if (a or b) and (chip or software_a or software_b):
-        raise InvalidInputError(
-            "compare two chips (a, b) or two software versions of one chip (chip, software_a, "
-            "software_b), not both",
-            field="chip",
-        )
+    _check_one_comparison(bool(a or b), bool(chip or software_a or software_b))
     if kernel is not None:
         lookup_kernel(kernel)
     comparison: Comparison | None = None

@@ -35,6 +35,22 @@ COLUMNS = [
 ]
 
 
+def _validation_times(
+    session: Session, job_ids: list[int]
+) -> dict[int, list[tuple[dict[str, int], float | None]]]:
+    """Each job's validation trials: ``(config, median_ms)`` by job id (one query)."""
+    validated: dict[int, list[tuple[dict[str, int], float | None]]] = {}
+    if job_ids:
+        trials = session.execute(
+            select(TrialRow.job_id, TrialRow.config, TrialRow.median_ms).where(
+                TrialRow.job_id.in_(job_ids), TrialRow.phase == "validate"
+            )
+        )
+        for job_id, config, median_ms in trials:
+            validated.setdefault(job_id, []).append((config, median_ms))
+    return validated
+
+
 def retune_table(session: Session, chip_id: int, page: Paging, label: Any) -> Table:
     """One page of ``chip_id``'s re-tuned keys (see the module docstring); ``label`` names a
     software fingerprint's text."""
@@ -56,16 +72,7 @@ def retune_table(session: Session, chip_id: int, page: Paging, label: Any) -> Ta
         .limit(page.per_page)
         .offset(page.offset)
     ).all()
-    validated: dict[int, list[tuple[dict[str, int], float | None]]] = {}
-    job_ids = [row.job_id for row, *_ in rows]
-    if job_ids:
-        trials = session.execute(
-            select(TrialRow.job_id, TrialRow.config, TrialRow.median_ms).where(
-                TrialRow.job_id.in_(job_ids), TrialRow.phase == "validate"
-            )
-        )
-        for job_id, config, median_ms in trials:
-            validated.setdefault(job_id, []).append((config, median_ms))
+    validated = _validation_times(session, [row.job_id for row, *_ in rows])
     table_rows = []
     for retune, state, best_ms, fingerprint, best_job in rows:
         old_run = next(

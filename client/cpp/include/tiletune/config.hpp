@@ -163,6 +163,7 @@ struct KernelIndex {
   const KernelInfo* info = nullptr;
   bool rules_known = false;  //! every knob has candidates and the clamp rule is known
   bool pow2_ceil = false;
+  bool plain_dims = false;  //! the info's dims are distinct identifiers, at most kMaxDims
   std::vector<KnobRule> rules;
   std::vector<Group> groups;
 };

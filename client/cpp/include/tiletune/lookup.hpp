@@ -11,26 +11,55 @@ constexpr std::size_t kMaxFilled = 64;
 //! The longest canonical shape text looked up (16 dims of 64-character names need under 1,500).
 constexpr std::size_t kMaxKeyBytes = 4096;
 
-//! The launch key as tiletune.client.keys.key_problem takes it (and no dim named twice).
-inline bool valid_key(std::string_view kernel, const Dim* dims, std::size_t count, std::string_view dtype) noexcept {
-  if (!is_identifier(kernel) || count > kMaxDims || (count > 0 && dims == nullptr)) return false;
+//! The kernel and dtype of a launch key as tiletune.client.keys.key_problem takes them.
+inline bool valid_head(std::string_view kernel, std::string_view dtype) noexcept {
+  if (!is_identifier(kernel)) return false;
   std::size_t characters = 0;
   for (char c : dtype) characters += (static_cast<unsigned char>(c) & 0xC0u) != 0x80u;
-  if (characters == 0 || characters > 16) return false;
+  return characters > 0 && characters <= 16;
+}
+
+//! The dims of a launch key as key_problem takes them (and no dim named twice); `named`: the
+//! names are known good (in_kernel_order), only the values are checked.
+inline bool valid_dims(const Dim* dims, std::size_t count, bool named) noexcept {
+  if (count > kMaxDims || (count > 0 && dims == nullptr)) return false;
   for (std::size_t i = 0; i < count; ++i) {
-    if (!is_identifier(dims[i].name) || dims[i].value < 0 || dims[i].value > kMaxDim) return false;
+    if (dims[i].value < 0 || dims[i].value > kMaxDim) return false;
+    if (named) continue;
+    if (!is_identifier(dims[i].name)) return false;
     for (std::size_t j = 0; j < i; ++j) {
-      if (dims[j].name == dims[i].name) return false;
+      if (same(dims[j].name, dims[i].name)) return false;
     }
+  }
+  return true;
+}
+
+//! `a == b`, inline (names are short: a call to memcmp costs more than the comparison).
+inline bool same(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
   }
   return true;
 }
 
 inline const Dim* find_dim(const Dim* dims, std::size_t count, std::string_view name) noexcept {
   for (std::size_t i = 0; i < count; ++i) {
-    if (dims[i].name == name) return &dims[i];
+    if (same(dims[i].name, name)) return &dims[i];
   }
   return nullptr;
+}
+
+//! Whether the key's dims are the kernel's, in its order, and the kernel's dims are distinct
+//! identifiers (then the key's names need no check, and it is its own canonical order).
+inline bool in_kernel_order(const KernelIndex* kernel, const Dim* dims, std::size_t count) noexcept {
+  if (kernel == nullptr || kernel->info == nullptr || !kernel->plain_dims || kernel->info->dims.size() != count) {
+    return false;
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!same(dims[i].name, kernel->info->dims[i])) return false;
+  }
+  return true;
 }
 
 //! Whether the key leaves out a dim the kernel's info gives a default (then with_defaults fills it).
@@ -60,13 +89,15 @@ inline std::size_t with_defaults(const KernelInfo* info, const Dim* dims, std::s
 }
 
 //! tiletune.client.known.canonical_shape into `out`; false when it does not fit.
-inline bool canonical_shape(const KernelInfo* info, const Dim* dims, std::size_t count, char* out,
+inline bool canonical_shape(const KernelInfo* info, const Dim* dims, std::size_t count, bool ordered, char* out,
                             std::size_t& size) noexcept {
-  bool in_dim_order = info != nullptr;
-  if (info != nullptr) {
+  bool in_dim_order = info != nullptr && !ordered;  // ordered: the caller's order is the kernel's
+  if (in_dim_order) {
     for (const std::string& dim : info->dims) in_dim_order = in_dim_order && find_dim(dims, count, dim) != nullptr;
     for (std::size_t i = 0; i < count && in_dim_order; ++i) {
-      in_dim_order = std::find(info->dims.begin(), info->dims.end(), dims[i].name) != info->dims.end();
+      bool listed = false;
+      for (const std::string& dim : info->dims) listed = listed || same(dim, dims[i].name);
+      in_dim_order = listed;
     }
   }
   size = 0;
@@ -156,7 +187,7 @@ inline void State::exact(const KernelIndex* kernel, std::int64_t version, const 
   if (g == nullptr) return;
   char key[kMaxKeyBytes];
   std::size_t size = 0;
-  if (!canonical_shape(kernel->info, dims, count, key, size)) return;
+  if (!canonical_shape(kernel->info, dims, count, in_kernel_order(kernel, dims, count), key, size)) return;
   std::int64_t found = g->by_shape_key.find(std::string_view(key, size));
   if (found < 0) return;
   for (const auto& knob : g->entries[static_cast<std::size_t>(found)]->config) answer.add(knob.first, knob.second);
@@ -189,9 +220,10 @@ inline void State::nearest(const KernelIndex& kernel, std::int64_t version, cons
 inline Answer State::get(std::string_view kernel_name, const Dim* dims, std::size_t count, std::string_view dtype,
                          std::int64_t version) const noexcept {
   Answer answer;
-  if (!valid_key(kernel_name, dims, count, dtype)) return answer;
+  if (!valid_head(kernel_name, dtype)) return answer;
   std::int64_t at = by_kernel.find(kernel_name);
   const KernelIndex* kernel = at >= 0 ? &kernels[static_cast<std::size_t>(at)] : nullptr;
+  if (!valid_dims(dims, count, in_kernel_order(kernel, dims, count))) return answer;
   const KernelInfo* info = kernel != nullptr ? kernel->info : nullptr;
   if (version == kBundleVersion) {
     if (info == nullptr) return answer;

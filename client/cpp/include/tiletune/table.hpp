@@ -35,6 +35,12 @@ class State {
 
 inline void compile_rules(KernelIndex& index) {
   const KernelInfo& info = *index.info;
+  index.plain_dims = info.dims.size() <= kMaxDims;
+  for (std::size_t i = 0; i < info.dims.size(); ++i) {
+    index.plain_dims = index.plain_dims && is_identifier(info.dims[i]) &&
+                       std::find(info.dims.begin(), info.dims.begin() + static_cast<std::ptrdiff_t>(i), info.dims[i]) ==
+                           info.dims.begin() + static_cast<std::ptrdiff_t>(i);
+  }
   index.pow2_ceil = info.clamp_rule == "pow2_ceil";
   if (!info.has_knob_values || (info.clamp_rule != "min" && !index.pow2_ceil)) return;
   for (const std::string& knob : info.knobs) {
