@@ -17,8 +17,8 @@ from tiletune.tuner.measure.bench import (
     measure,
     measure_interleaved,
     median_rel_ci,
-    output_mismatch,
 )
+from tiletune.tuner.measure.check import output_mismatch
 
 
 class ScriptedDevice(CpuDevice):

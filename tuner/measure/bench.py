@@ -37,6 +37,7 @@ from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.spec import KernelOutput, KernelSpec
 from tiletune.kernels.vendor import vendor_op
+from tiletune.tuner.measure.check import output_mismatch
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,9 @@ class BenchSettings:
 
     ``min_sample_ms``: as Triton's ``do_bench``, a sample times enough back-to-back calls (at most
     ``max_launches``, chosen per callable by :func:`warm_up`) to last about this long (as estimated
-    from the fastest warm-up run); it records the time per call. One call per sample without warm-up runs, when caches are flushed (before every timed
-    call, as on accelerators), or with ``0``.
+    from the fastest warm-up run); it records the time per call. One call per sample without
+    warm-up runs, when caches are flushed (before every timed call, as on accelerators), or with
+    ``0``.
     """
 
     warmup_runs: int = 2
@@ -290,41 +292,6 @@ def measure_interleaved(
         if round_index + 1 >= settings.min_samples and spent_ms >= budget_ms:
             break
     return [Measurement.from_samples(s, launches=n) for s, n in zip(samples, launches, strict=True)]
-
-
-def output_mismatch(actual: KernelOutput, expected: KernelOutput, atol: float, rtol: float) -> str | None:
-    """Why ``actual`` is not ``expected`` within tolerance, or None when it is. Several outputs (a
-    backward kernel's gradients) are compared one by one; a mismatch names the output's index."""
-    if isinstance(expected, tuple) or isinstance(actual, tuple):
-        got_all = actual if isinstance(actual, tuple) else (actual,)
-        want_all = expected if isinstance(expected, tuple) else (expected,)
-        if len(got_all) != len(want_all):
-            return f"wrong number of outputs: {len(got_all)}, expected {len(want_all)}"
-        for index, (got, want) in enumerate(zip(got_all, want_all, strict=True)):
-            mismatch = _tensor_mismatch(got, want, atol, rtol)
-            if mismatch is not None:
-                return f"output {index}: {mismatch}"
-        return None
-    return _tensor_mismatch(actual, expected, atol, rtol)
-
-
-def _tensor_mismatch(actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> str | None:
-    """Why one output tensor is not its reference within tolerance, or None when it is."""
-    if actual.shape != expected.shape:
-        return f"wrong output shape {tuple(actual.shape)}, expected {tuple(expected.shape)}"
-    got = actual.detach().to("cpu", torch.float32)
-    want = expected.detach().to("cpu", torch.float32)
-    if not torch.isfinite(got).all():
-        return "output has NaN or Inf"
-    excess = (got - want).abs() - (atol + rtol * want.abs())
-    if (excess > 0).any():
-        worst = int(torch.argmax(excess).item())
-        got_value, want_value = got.flatten()[worst].item(), want.flatten()[worst].item()
-        return (
-            f"wrong result: {int((excess > 0).sum().item())} elements off "
-            f"(worst at flat index {worst}: {got_value:.6g} vs {want_value:.6g})"
-        )
-    return None
 
 
 @dataclass

@@ -11,6 +11,15 @@ constexpr std::size_t kMaxFilled = 64;
 //! The longest canonical shape text looked up (16 dims of 64-character names need under 1,500).
 constexpr std::size_t kMaxKeyBytes = 4096;
 
+//! `a == b`, inline (names are short: a call to memcmp costs more than the comparison).
+inline bool same(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] != b[i]) return false;
+  }
+  return true;
+}
+
 //! The kernel and dtype of a launch key as tiletune.client.keys.key_problem takes them.
 inline bool valid_head(std::string_view kernel, std::string_view dtype) noexcept {
   if (!is_identifier(kernel)) return false;
@@ -30,15 +39,6 @@ inline bool valid_dims(const Dim* dims, std::size_t count, bool named) noexcept 
     for (std::size_t j = 0; j < i; ++j) {
       if (same(dims[j].name, dims[i].name)) return false;
     }
-  }
-  return true;
-}
-
-//! `a == b`, inline (names are short: a call to memcmp costs more than the comparison).
-inline bool same(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (a[i] != b[i]) return false;
   }
   return true;
 }
