@@ -141,12 +141,68 @@ class StringIndex {
   std::vector<std::string_view> keys_;
 };
 
-//! The entries of one (kernel, kernel version, dtype), by shape key.
+//! The entries whose shape key is their shape written in the kernel's dim order (as the server
+//! writes every key), by their dims' values in that order: a launch key in the kernel's order is
+//! looked up without writing its shape key.
+class ValueIndex {
+ public:
+  void add(const std::int64_t* values, std::size_t dims, std::uint32_t entry) {
+    rows_.insert(rows_.end(), values, values + dims);
+    entries_.push_back(entry);
+    dims_ = dims;
+  }
+  void build() {
+    std::size_t size = 8;
+    while (size < entries_.size() * 2) size <<= 1;
+    slots_.assign(size, kEmpty);
+    for (std::uint32_t i = 0; i < entries_.size(); ++i) {
+      std::size_t at = hash(&rows_[i * dims_], dims_) & (size - 1);
+      while (slots_[at] != kEmpty) at = (at + 1) & (size - 1);
+      slots_[at] = i;
+    }
+  }
+  //! The entry (its index in the group) whose values are `dims`' values, or -1.
+  std::int64_t find(const Dim* dims, std::size_t count) const noexcept {
+    if (entries_.empty() || count != dims_) return -1;
+    std::uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (std::size_t i = 0; i < count; ++i) h = mix(h, dims[i].value);
+    const std::size_t mask = slots_.size() - 1;
+    for (std::size_t at = h & mask;; at = (at + 1) & mask) {
+      std::uint32_t slot = slots_[at];
+      if (slot == kEmpty) return -1;
+      const std::int64_t* row = &rows_[slot * dims_];
+      bool equal = true;
+      for (std::size_t i = 0; i < count && equal; ++i) equal = row[i] == dims[i].value;
+      if (equal) return entries_[slot];
+    }
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t h, std::int64_t value) noexcept {
+    h = (h ^ static_cast<std::uint64_t>(value)) * 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 31);
+  }
+  static std::uint64_t hash(const std::int64_t* values, std::size_t count) noexcept {
+    std::uint64_t h = 0x9E3779B97F4A7C15ull;
+    for (std::size_t i = 0; i < count; ++i) h = mix(h, values[i]);
+    return h;
+  }
+  static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
+  std::vector<std::int64_t> rows_;
+  std::vector<std::uint32_t> entries_;
+  std::vector<std::uint32_t> slots_;
+  std::size_t dims_ = 0;
+};
+
+//! The entries of one (kernel, kernel version, dtype), by shape key (and by values, for those
+//! whose key is their shape in the kernel's order; `all_by_values` when every entry is).
 struct Group {
   std::int64_t version = 0;
   std::string dtype;
   std::vector<const Entry*> entries;
   StringIndex by_shape_key;
+  ValueIndex by_values;
+  bool all_by_values = false;
 };
 
 //! A knob as the kernel's info gives its values: candidates (sorted, distinct), the dim it is
@@ -164,6 +220,7 @@ struct KernelIndex {
   bool rules_known = false;  //! every knob has candidates and the clamp rule is known
   bool pow2_ceil = false;
   bool plain_dims = false;  //! the info's dims are distinct identifiers, at most kMaxDims
+  bool defaults_elsewhere = false;  //! a dim default names a dim the info's dims lack
   std::vector<KnobRule> rules;
   std::vector<Group> groups;
 };

@@ -182,13 +182,16 @@ inline bool adapt(const KernelIndex& kernel, std::int64_t version, const NamedIn
 }
 
 inline void State::exact(const KernelIndex* kernel, std::int64_t version, const Dim* dims, std::size_t count,
-                         std::string_view dtype, Answer& answer) const noexcept {
+                         bool ordered, std::string_view dtype, Answer& answer) const noexcept {
   const Group* g = group(kernel, version, dtype);
   if (g == nullptr) return;
-  char key[kMaxKeyBytes];
-  std::size_t size = 0;
-  if (!canonical_shape(kernel->info, dims, count, in_kernel_order(kernel, dims, count), key, size)) return;
-  std::int64_t found = g->by_shape_key.find(std::string_view(key, size));
+  std::int64_t found = ordered ? g->by_values.find(dims, count) : -1;
+  if (found < 0 && !(ordered && g->all_by_values)) {  // a key not in the kernel's order, or odd shape keys
+    char key[kMaxKeyBytes];
+    std::size_t size = 0;
+    if (!canonical_shape(kernel->info, dims, count, ordered, key, size)) return;
+    found = g->by_shape_key.find(std::string_view(key, size));
+  }
   if (found < 0) return;
   for (const auto& knob : g->entries[static_cast<std::size_t>(found)]->config) answer.add(knob.first, knob.second);
   answer.match = Match::exact;
@@ -223,21 +226,22 @@ inline Answer State::get(std::string_view kernel_name, const Dim* dims, std::siz
   if (!valid_head(kernel_name, dtype)) return answer;
   std::int64_t at = by_kernel.find(kernel_name);
   const KernelIndex* kernel = at >= 0 ? &kernels[static_cast<std::size_t>(at)] : nullptr;
-  if (!valid_dims(dims, count, in_kernel_order(kernel, dims, count))) return answer;
   const KernelInfo* info = kernel != nullptr ? kernel->info : nullptr;
+  const bool ordered = in_kernel_order(kernel, dims, count);
+  if (!valid_dims(dims, count, ordered)) return answer;
   if (version == kBundleVersion) {
     if (info == nullptr) return answer;
     version = info->version;
   }
-  if (!needs_defaults(info, dims, count)) {  // the launch path: the key as given, no copy
-    exact(kernel, version, dims, count, dtype, answer);
+  if (ordered ? !kernel->defaults_elsewhere : !needs_defaults(info, dims, count)) {  // the key as given
+    exact(kernel, version, dims, count, ordered, dtype, answer);
     if (answer.match == Match::exact || info == nullptr) return answer;
     nearest(*kernel, version, dims, count, dims, count, dtype, answer);
     return answer;
   }
   Dim filled[kMaxFilled];
   std::size_t size = with_defaults(info, dims, count, filled);
-  exact(kernel, version, filled, size, dtype, answer);
+  exact(kernel, version, filled, size, in_kernel_order(kernel, filled, size), dtype, answer);
   if (answer.match == Match::exact) return answer;
   nearest(*kernel, version, filled, size, dims, count, dtype, answer);
   return answer;

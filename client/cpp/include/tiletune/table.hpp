@@ -20,7 +20,7 @@ class State {
 
  private:
   bool accepts(const Entry& entry, const KernelIndex* kernel) const noexcept;
-  void exact(const KernelIndex* kernel, std::int64_t version, const Dim* dims, std::size_t count,
+  void exact(const KernelIndex* kernel, std::int64_t version, const Dim* dims, std::size_t count, bool ordered,
              std::string_view dtype, Answer& answer) const noexcept;
   void nearest(const KernelIndex& kernel, std::int64_t version, const Dim* query, std::size_t filled,
                const Dim* asked, std::size_t count, std::string_view dtype, Answer& answer) const noexcept;
@@ -40,6 +40,9 @@ inline void compile_rules(KernelIndex& index) {
     index.plain_dims = index.plain_dims && is_identifier(info.dims[i]) &&
                        std::find(info.dims.begin(), info.dims.begin() + static_cast<std::ptrdiff_t>(i), info.dims[i]) ==
                            info.dims.begin() + static_cast<std::ptrdiff_t>(i);
+  }
+  for (const auto& d : info.dim_defaults) {
+    index.defaults_elsewhere = index.defaults_elsewhere || std::find(info.dims.begin(), info.dims.end(), d.first) == info.dims.end();
   }
   index.pow2_ceil = info.clamp_rule == "pow2_ceil";
   if (!info.has_knob_values || (info.clamp_rule != "min" && !index.pow2_ceil)) return;
@@ -91,6 +94,33 @@ inline bool State::accepts(const Entry& entry, const KernelIndex* kernel) const 
   return true;
 }
 
+//! Fills `g.by_values` with the entries whose shape key is their shape in the kernel's dim order.
+inline void index_values(const KernelIndex& kernel, Group& g) {
+  if (kernel.info == nullptr || !kernel.plain_dims) return;
+  const std::vector<std::string>& dims = kernel.info->dims;
+  std::vector<std::int64_t> values(dims.size());
+  std::string written;
+  g.all_by_values = true;
+  for (std::uint32_t i = 0; i < g.entries.size(); ++i) {
+    const Entry& entry = *g.entries[i];
+    bool canonical = entry.shape.size() == dims.size();
+    written.clear();
+    for (std::size_t d = 0; d < dims.size() && canonical; ++d) {
+      const auto* dim = find_named(entry.shape, dims[d]);
+      canonical = dim != nullptr;
+      if (!canonical) break;
+      values[d] = dim->second;
+      written.append(d > 0 ? "," : "").append(dims[d]).append("=").append(std::to_string(dim->second));
+    }
+    if (canonical && written == entry.shape_key) {
+      g.by_values.add(values.data(), dims.size(), i);
+    } else {
+      g.all_by_values = false;
+    }
+  }
+  g.by_values.build();
+}
+
 inline void State::build(const std::string& chip) {
   const bool any_chip = chip.empty() && !bundle.has_chip;
   const std::string& wanted = chip.empty() ? bundle.chip : chip;
@@ -136,6 +166,7 @@ inline void State::build(const std::string& chip) {
       std::vector<std::string_view> shape_keys;
       for (const Entry* entry : g.entries) shape_keys.push_back(entry->shape_key);
       g.by_shape_key.build(shape_keys);
+      index_values(kernel, g);
     }
   }
   by_kernel.build(names);
