@@ -151,6 +151,7 @@ def main() -> None:
         pool.bench(get_kernel("add"), {"n": 1024}, "float32", CpuDevice(), backend="torch", settings=FIXED)
         start_s = time.perf_counter() - start
         report = {
+            "benchmark": "isolation_overhead",
             "kernel": "add",
             "settings": {"warmup_runs": FIXED.warmup_runs, "samples": FIXED.min_samples},
             "start_s": start_s,
