@@ -25,7 +25,13 @@ The plot follows the document's ``benchmark`` field (the functions live in ``ben
 - ``dashboard``: every page's median and p95 server time against the goal;
 - ``model_step``: a decoder's inference and training step per variant (torch eager and compiled,
   tiletune's operators on the default rules, on tuned configs, compiled) over torch eager's,
-  and each operator's share of the tuned variant's profiled step.
+  and each operator's share of the tuned variant's profiled step;
+- ``isolation_overhead``: per case, the in-process and the isolated trial's median (p10–p90),
+  the paired overhead in % against the 10 % goal, and the round trip of a call;
+- ``cpp_lookup``: the C++ client's ns per lookup (hit through a Table and a Client, nearest,
+  default; median, p10–p90, p99) against the 100 ns goal for a hit;
+- ``compile_time_tiles``: per shape and tile config, the compile-time and the run-time build's
+  median time (torch.matmul for scale), and the build-ahead runs' measuring, build wait and busy share.
 
 Asking for another benchmark is an error that names those that have a plot.
 """
@@ -45,6 +51,7 @@ if __package__ in (None, ""):  # `python benchmarks/plot.py`: its folder is on t
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from benchmarks.plots.accelerator import plot_compile_time_tiles, plot_cpp_lookup, plot_isolation_overhead
 from benchmarks.plots.client import plot_lookup_latency
 from benchmarks.plots.dashboard import plot_dashboard
 from benchmarks.plots.http import plot_http_load, plot_http_lookup
@@ -67,6 +74,9 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "lookup_latency": plot_lookup_latency,
     "dashboard": plot_dashboard,
     "model_step": plot_model_step,
+    "isolation_overhead": plot_isolation_overhead,
+    "cpp_lookup": plot_cpp_lookup,
+    "compile_time_tiles": plot_compile_time_tiles,
 }
 
 
