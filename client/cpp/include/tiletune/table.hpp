@@ -148,7 +148,7 @@ inline void State::build(const std::string& chip) {
            (kernel.groups[at].version != entry.kernel_version || kernel.groups[at].dtype != entry.dtype)) {
       ++at;
     }
-    if (at == kernel.groups.size()) kernel.groups.push_back(Group{entry.kernel_version, entry.dtype, {}, {}});
+    if (at == kernel.groups.size()) kernel.groups.push_back(Group{entry.kernel_version, entry.dtype, {}, {}, {}, false});
     Group& target = kernel.groups[at];
     key.clear();
     key.append(std::to_string(&kernel - kernels.data())).append(1, ':').append(std::to_string(at));
