@@ -24,9 +24,9 @@ import threading
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from sqlalchemy import BigInteger, ColumnElement, case, cast, func, select
+from sqlalchemy import BigInteger, ColumnElement, ScalarSelect, case, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import InstrumentedAttribute, Session
 
 from tiletune.client.wire import KeyLaunches
 from tiletune.service.database import Database
@@ -152,26 +152,23 @@ def _upsert(session: Session, rows: Sequence[dict[str, object]], db: Database) -
 def launches(chip_id: int) -> ColumnElement[int]:
     """SQL of the launches of the best config row's key on ``chip_id`` (a correlated scalar over
     ``best_configs``): its usage plus its misses (a key missed before it was tuned)."""
-    usage = (
-        select(func.coalesce(func.sum(KeyUsageRow.launches), 0))
-        .where(
-            KeyUsageRow.chip_id == chip_id,
-            KeyUsageRow.kernel == BestConfigRow.kernel,
-            KeyUsageRow.kernel_version == BestConfigRow.kernel_version,
-            KeyUsageRow.shape_key == BestConfigRow.shape_key,
-            KeyUsageRow.dtype == BestConfigRow.dtype,
-        )
-        .scalar_subquery()
-    )
-    missed = (
-        select(func.coalesce(func.sum(MissRow.count), 0))
-        .where(
-            MissRow.chip_id == chip_id,
-            MissRow.kernel == BestConfigRow.kernel,
-            MissRow.kernel_version == BestConfigRow.kernel_version,
-            MissRow.shape_key == BestConfigRow.shape_key,
-            MissRow.dtype == BestConfigRow.dtype,
-        )
-        .scalar_subquery()
-    )
+    usage = _key_total(KeyUsageRow, KeyUsageRow.launches, chip_id)
+    missed = _key_total(MissRow, MissRow.count, chip_id)
     return (usage + missed).label("launches")
+
+
+def _key_total(
+    row: type[KeyUsageRow] | type[MissRow], counted: InstrumentedAttribute[int], chip_id: int
+) -> ScalarSelect[int]:
+    """The sum of ``counted`` over ``row``'s rows of the best config row's key on ``chip_id``."""
+    return (
+        select(func.coalesce(func.sum(counted), 0))
+        .where(
+            row.chip_id == chip_id,
+            row.kernel == BestConfigRow.kernel,
+            row.kernel_version == BestConfigRow.kernel_version,
+            row.shape_key == BestConfigRow.shape_key,
+            row.dtype == BestConfigRow.dtype,
+        )
+        .scalar_subquery()
+    )
