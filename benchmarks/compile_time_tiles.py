@@ -18,7 +18,9 @@ each config built when it is measured). Reported per run, from the job driver's 
 - ``build_wait_s``: the measuring waiting for a build;
 - ``job_wall_s``: the worker's wall seconds for the job, and ``other_s``, the part of it that is
   neither (the trial process's start, the default's build and check, asks and tells);
-- ``busy`` = ``measuring_s / job_wall_s``;
+- ``busy`` = ``measuring_s / job_wall_s``, and ``busy_while_measuring`` = ``measuring_s /
+  (measuring_s + build_wait_s)``: of the time the measuring core had work or waited for a build,
+  the part it measured (what the build-ahead decides; ``other_s`` is not the pool's);
 - the builds made, ``build_s`` (this process's seconds building, summed over the pool's threads),
   configs whose build was ready when their measuring began, the load average when the run began.
 
@@ -195,6 +197,7 @@ def ahead_case(trials: int, workers: str | None) -> dict[str, Any]:
         "build_wait_s": job["build_wait_s"],
         "other_s": wall_s - job["measuring_s"] - job["build_wait_s"],
         "busy": job["measuring_s"] / wall_s,
+        "busy_while_measuring": job["measuring_s"] / (job["measuring_s"] + job["build_wait_s"]),
         "ready_when_measured": after["ready"] - before["ready"],
         "waits": after["waits"] - before["waits"],
     }

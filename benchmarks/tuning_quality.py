@@ -199,6 +199,8 @@ def measure_key(
         "tuned_is_exhaustive_best": same_config,
         "tuned_is_default": tuned_is_default,
         "times": {name: m.as_dict() for name, m in measured.items()},
+        # the search's validation run, which decided the tuned answer (finalists.judge)
+        "validation": [{"config": config, **m.as_dict()} for config, m in tuned.validated],
         "speedup_vs_default": default_ms / tuned_ms if default_ms else None,
         "tuned_over_exhaustive": tuned_ms / measured["exhaustive"].median_ms,
         "tuned_over_vendor_time": tuned_ms / measured["vendor"].median_ms,

@@ -323,7 +323,7 @@ class WorkerProtocol:
             measured = [(row, row.median_ms) for row in rows if row.median_ms is not None]
             incumbent = configs.best_row(session, JobKey.of(job))
             verdict = judge(
-                [Timing(row.config, ms, row.p90_ms) for row, ms in measured],
+                [Timing(row.config, ms, row.p90_ms, row.p10_ms, row.samples) for row, ms in measured],
                 job.default_config,
                 incumbent.config if incumbent is not None else None,
             )

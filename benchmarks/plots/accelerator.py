@@ -163,7 +163,8 @@ def _build_ahead(axis: Axes, runs: dict[str, dict[str, Any]]) -> None:
     for position, name, right in zip(positions, names, left, strict=True):
         run = runs[name]
         axis.annotate(
-            f"busy {run['busy']:.0%}; {run['builds']} builds ({run['build_s']:.1f} s), "
+            f"busy {run['busy']:.0%} ({run.get('busy_while_measuring', run['busy']):.0%} while measuring); "
+            f"{run['builds']} builds ({run['build_s']:.1f} s), "
             f"{run['ready_when_measured']} ready when measured; load {run['load_average_1m']:.1f}",
             (right, position),
             xytext=(6, 0),

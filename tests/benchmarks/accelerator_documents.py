@@ -106,6 +106,7 @@ def _ahead_run(workers: int, wait_s: float) -> dict[str, Any]:
         "build_wait_s": wait_s,
         "other_s": other_s,
         "busy": measuring_s / wall_s,
+        "busy_while_measuring": measuring_s / (measuring_s + wait_s),
         "ready_when_measured": 12 if workers else 0,
         "waits": 3 if workers else 15,
     }

@@ -78,6 +78,12 @@ class BenchSettings:
     min_sample_ms: float = 1.0
     max_launches: int = 10_000
 
+    def for_validation(self) -> BenchSettings:
+        """The settings of a validation run (:meth:`KernelBench.compare`): three times the budget
+        and room for 200 rounds, so the medians the judge compares are known to about a percent
+        on a noisy machine (its margin grows with their error: ``finalists.clearly_faster``)."""
+        return dataclasses.replace(self, budget_s=3 * self.budget_s, max_samples=max(self.max_samples, 200))
+
 
 @dataclass(frozen=True)
 class Measurement:
@@ -208,19 +214,33 @@ def time_launches_ms(fn: Callable[[], object], device: Device, launches: int) ->
     return device.time_ms(repeated) / launches
 
 
+#: Launches at least this long (ms) are timed in interleaved runs without an untimed call first.
+WAKE_CALL_MAX_MS = 10.0
+#: Warm-up runs past ``BenchSettings.warmup_runs`` while the launch count is still growing.
+EXTRA_WARMUP_RUNS = 4
+
+
 def warm_up(
     fn: Callable[[], object], device: Device, settings: BenchSettings, flushing: bool, stop_ms: float
 ) -> tuple[int, list[float]]:
     """Timed warm-up runs: (launches per sample, each run's ms per call), stopping after one over
-    ``stop_ms``. Each run repeats the count the fastest before it suggests (``min_sample_ms``)."""
+    ``stop_ms``. Each run repeats the count the fastest before it suggests (``min_sample_ms``).
+    Past ``warmup_runs``, runs go on (at most ``EXTRA_WARMUP_RUNS`` more) until one lasted at least
+    half of ``min_sample_ms``: a slow first call (threads starting, pages faulting) must not leave a
+    microsecond kernel timed one or two launches at a time."""
     launches, times_ms = 1, list[float]()
-    for _ in range(settings.warmup_runs):
-        times_ms.append(time_launches_ms(fn, device, launches))
+    limit = settings.warmup_runs + EXTRA_WARMUP_RUNS if settings.warmup_runs > 0 else 0
+    while len(times_ms) < limit:
+        timed = launches
+        times_ms.append(time_launches_ms(fn, device, timed))
         if times_ms[-1] > stop_ms:
             break
         if not flushing and settings.min_sample_ms > 0:  # outliers only ever add time: the min
             wanted = math.ceil(settings.min_sample_ms / max(min(times_ms), 1e-9))
             launches = max(1, min(settings.max_launches, wanted))
+        long_enough = flushing or 2 * timed * times_ms[-1] >= settings.min_sample_ms
+        if len(times_ms) >= settings.warmup_runs and long_enough:
+            break
     return launches, times_ms
 
 
@@ -271,11 +291,18 @@ def measure_interleaved(
     Each round takes one sample of every callable, rotating the order; rounds continue
     until each has ``min_samples`` and the total budget (``budget_s`` per
     callable) is spent, or ``max_samples`` rounds. Every sample is preceded by a
-    settle step (:func:`settle`), so a callable's time does not depend on which ran before.
+    settle step (:func:`settle`), so a callable's time does not depend on which ran before, then
+    by one untimed call, so the sample does not time the wake-up of the callable's own threads
+    (not when flushing, which must leave the caches cold, nor for launches of ``WAKE_CALL_MAX_MS``
+    or more, whose wake-up is lost in their time). Without it a one-launch sample of a
+    millisecond kernel measured up to 20 % slower than a two-launch one on 2 cores.
     Each callable keeps its own launches per sample (:attr:`BenchSettings.min_sample_ms`).
     """
     flush = CacheFlusher(device, settings.flush_bytes)
-    launches = [warm_up(fn, device, settings, flush.active, math.inf)[0] for fn in fns]
+    warm = [warm_up(fn, device, settings, flush.active, math.inf) for fn in fns]
+    launches = [count for count, _ in warm]
+    # after the settle, one untimed call first, unless caches are flushed or a launch is long (or unknown)
+    wake = [not flush.active and bool(times) and min(times) < WAKE_CALL_MAX_MS for _, times in warm]
     device.synchronize()
     samples: list[list[float]] = [[] for _ in fns]
     budget_ms = settings.budget_s * 1e3 * len(fns)
@@ -286,6 +313,8 @@ def measure_interleaved(
             flush()
             if len(fns) > 1:
                 settle(settings)
+                if wake[index]:
+                    fns[index]()
             sample = time_launches_ms(fns[index], device, launches[index])
             samples[index].append(sample)
             spent_ms += sample * launches[index]
@@ -366,9 +395,11 @@ class KernelBench:
         return TrialResult(config, measurement=measurement)
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
-        """Re-measure already-checked configs interleaved in one run; same order as given."""
+        """Re-measure already-checked configs interleaved in one run (the validation run, with
+        :meth:`BenchSettings.for_validation`); same order as given."""
         runners = [self.runner(c) for c in configs]
-        return self._conditioned(lambda: measure_interleaved(runners, self.device, self.settings))
+        settings = self.settings.for_validation()
+        return self._conditioned(lambda: measure_interleaved(runners, self.device, settings))
 
     def _conditioned(self, take: Callable[[], list[Measurement]]) -> list[Measurement]:
         """``take()``'s measurements with the conditions they were taken in, taken again while the

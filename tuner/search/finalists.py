@@ -3,13 +3,14 @@
 When a search stops, its top configs, the kernel's default and the key's current best (the
 incumbent, on a server) are re-measured interleaved in one run (:func:`finalists`), and
 :func:`judge` decides from that run alone (times taken minutes apart never decide): a config
-replaces the default, and then the incumbent, only when it is faster *beyond the measured
-spread* (:func:`clearly_faster`); otherwise the default (or the incumbent) stays the answer,
+replaces the default, and then the incumbent, only when it is faster *beyond the run's noise*
+and by a minimum gain (:func:`clearly_faster`); otherwise the default (or the incumbent) stays the answer,
 so a tuned config is never an answer slower than the rule it replaces. Pure functions, no I/O.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,26 +28,53 @@ def finalists(top: Sequence[Config], default: Config | None, incumbent: Config |
 
 
 class Timing(NamedTuple):
-    """One config's median and 90th percentile in a validation run, in ms per launch (``p90_ms``
-    None when unknown: read as the median)."""
+    """One config's statistics in a validation run, in ms per launch: the median, the 90th and
+    10th percentiles and the number of samples (each None when unknown; see :func:`clearly_faster`)."""
 
     config: Config
     median_ms: float
     p90_ms: float | None = None
+    p10_ms: float | None = None
+    samples: int | None = None
+
+
+#: A config must beat the other's median by at least this fraction, whatever the run's precision:
+#: the error of a median within one run does not cover what changes between runs (other buffers,
+#: another moment's load), so a smaller gain is not promised to hold.
+MIN_GAIN = 0.03
+#: How many standard errors of the two medians' difference the gain must clear, besides ``MIN_GAIN``.
+ERRORS = 2.0
+#: median - p10 of a normal distribution, in standard deviations.
+_P10_SIGMAS = 1.2816
+#: The standard error of a sample median is this times sigma / sqrt(n) (normal samples).
+_MEDIAN_EFFICIENCY = 1.2533
+
+
+def median_error(timing: Timing) -> float | None:
+    """The standard error of ``timing``'s median, from the spread below it (median - p10) and the
+    sample count (None when either is unknown). Interference only adds time: the slow tail
+    (descheduling, another process) moves the median little, while the fast side is the spread of
+    the samples around it, so the tail does not widen the margin; p90 is not used."""
+    if timing.p10_ms is None or not timing.samples:
+        return None
+    sigma = max(timing.median_ms - timing.p10_ms, 0.0) / _P10_SIGMAS
+    return _MEDIAN_EFFICIENCY * sigma / math.sqrt(timing.samples)
 
 
 def clearly_faster(a: Timing, b: Timing) -> bool:
-    """True when ``a`` beats ``b`` beyond the run's spread: ``a``'s p90 is below ``b``'s median.
+    """True when ``a`` beats ``b`` beyond the run's noise and by a gain that holds across runs.
 
-    At least nine in ten of ``a``'s samples were faster than ``b``'s typical sample in the same
-    interleaved run. The margin scales with the measured noise, not with the number of samples:
-    a confidence interval of the medians narrows as 1/√n and would promote a 1 % gain that a
-    later run (other buffers, another moment's load) does not reproduce, whereas an answer must
-    stay no slower than the one it replaces in later runs too. With multi-launch samples
-    (``BenchSettings.min_sample_ms``) the spread, hence the margin, is a few percent.
+    ``a``'s median must be below ``b``'s by ``MIN_GAIN`` of it plus ``ERRORS`` standard errors of
+    the difference of the two medians (:func:`median_error`; the samples of one interleaved run).
+    Where a timing lacks its p10 or sample count (an older worker), the rule is the cautious one:
+    ``a``'s p90 below ``b``'s median.
     """
-    a_p90 = a.p90_ms if a.p90_ms is not None else a.median_ms
-    return a_p90 < b.median_ms
+    a_error, b_error = median_error(a), median_error(b)
+    if a_error is None or b_error is None:
+        a_p90 = a.p90_ms if a.p90_ms is not None else a.median_ms
+        return a_p90 < b.median_ms
+    margin = ERRORS * math.hypot(a_error, b_error)
+    return a.median_ms < b.median_ms * (1 - MIN_GAIN) - margin
 
 
 @dataclass(frozen=True)
