@@ -216,7 +216,8 @@ def cmd_tune(args: argparse.Namespace) -> None:
 @kernel_errors_as_bad_input
 def cmd_bench(args: argparse.Namespace) -> None:
     """Measure the given configs, the default and the vendor op (torch's own) interleaved in one run."""
-    from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
+    from tiletune.tuner.measure.bench import KernelBench
+    from tiletune.tuner.measure.vendor_compare import compare_with_vendor
 
     spec, shape, dtype, device = _kernel_inputs(args)
     configs = [parse_config(spec, text, shape, device.chip.limits) for text in args.config]

@@ -161,7 +161,8 @@ def test_settle_runs_before_every_interleaved_sample() -> None:
 
 def test_compare_with_vendor_adds_the_default_and_a_vendor_row_interleaved() -> None:
     from tiletune.kernels.registry import get_kernel
-    from tiletune.tuner.measure.bench import KernelBench, compare_with_vendor
+    from tiletune.tuner.measure.bench import KernelBench
+    from tiletune.tuner.measure.vendor_compare import compare_with_vendor
 
     spec = get_kernel("fused_attention")
     shape = {

@@ -213,9 +213,7 @@ def tune(
     top = [config for config, _ in search.best(options.validate_top)]
     runs = finalists(top, default if default_result.ok else None)
     validated = list(zip(runs, bench.compare(runs), strict=True))
-    verdict = judge(
-        [Timing(config, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for config, m in validated], default
-    )
+    verdict = judge([Timing(c, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for c, m in validated], default)
     assert verdict is not None  # the top configs ran correctly in the search
     best_config, best = next((c, m) for c, m in validated if c == verdict.winner)
     default_measurement = next((m for c, m in validated if c == default), None)
