@@ -280,6 +280,23 @@ def measure(
     return Measurement.from_samples(samples, launches=launches)
 
 
+#: In an interleaved run, a slower callable's sample lasts at most this many ``min_sample_ms``.
+SAMPLE_CAP = 10
+
+
+def common_launches(warm: Sequence[tuple[int, list[float]]], settings: BenchSettings) -> list[int]:
+    """The launches per sample of each callable of one interleaved run, from their warm-ups
+    (:func:`warm_up`'s counts and times): the largest count (the fastest callable's), for a
+    slower callable capped where its sample would last ``SAMPLE_CAP`` times ``min_sample_ms``."""
+    common = max((count for count, _ in warm), default=1)
+    launches = []
+    for _, times in warm:
+        fastest = min(times, default=0.0)
+        cap = math.ceil(SAMPLE_CAP * settings.min_sample_ms / fastest) if fastest > 0 else common
+        launches.append(max(1, min(common, cap)))
+    return launches
+
+
 def measure_interleaved(
     fns: Sequence[Callable[[], object]],
     device: Device,
@@ -293,13 +310,13 @@ def measure_interleaved(
     settle step (:func:`settle`), so a callable's time does not depend on which ran before, then
     by one untimed call, so the sample does not time the wake-up of the callable's own threads
     (not when flushing, which must leave the caches cold, nor for launches of ``WAKE_CALL_MAX_MS``
-    or more, whose wake-up is lost in their time). Without it a one-launch sample of a
-    millisecond kernel measured up to 20 % slower than a two-launch one on 2 cores.
-    Each callable keeps its own launches per sample (:attr:`BenchSettings.min_sample_ms`).
+    or more, whose wake-up is lost in their time). Every callable is timed over the same launches
+    per sample (:func:`common_launches`): on 2 cores the same config measured 10-15 % slower in
+    one-launch samples than in two-launch ones, so counts that differ would decide a comparison.
     """
     flush = CacheFlusher(device, settings.flush_bytes)
     warm = [warm_up(fn, device, settings, flush.active, math.inf) for fn in fns]
-    launches = [count for count, _ in warm]
+    launches = common_launches(warm, settings)
     # after the settle, one untimed call first, unless caches are flushed or a launch is long (or unknown)
     wake = [not flush.active and bool(times) and min(times) < WAKE_CALL_MAX_MS for _, times in warm]
     device.synchronize()
