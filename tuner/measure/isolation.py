@@ -21,8 +21,9 @@ started with multiprocessing's *spawn* context) and survives whatever a config d
   d + 2 × budget_s)``: the runs a measurement makes whatever its budget (the checked run,
   warm-ups, the minimum samples, one sample past the budget) of a config ``slowdown`` times
   slower than the default, plus twice the timing budget. For ``compare`` of ``n`` configs it is
-  ``max(floor_s, n × (slowdown × (warmup_runs + min_samples + 1) × d + 2 × budget_s + max_samples ×
-  settle_s))``. Without a default time (it was invalid or wrong) the floor is the limit.
+  ``max(floor_s, n × (slowdown × (warmup_runs + EXTRA_WARMUP_RUNS + min_samples + 1) × d + 2 ×
+  budget_s + max_samples × settle_s))`` with the validation run's settings
+  (``BenchSettings.for_validation``). Without a default time (it was invalid or wrong) the floor is the limit.
 - **Device unusable.** When a fresh child cannot run the default (it dies, hangs past
   ``start_limit_s`` while building the bench, or a device error), :class:`DeviceUnusableError`
   is raised; the worker releases the job as failed (``"device unusable: ..."``) and leases
@@ -47,7 +48,13 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import KernelSpec
-from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import (
+    EXTRA_WARMUP_RUNS,
+    BenchSettings,
+    KernelBench,
+    Measurement,
+    TrialResult,
+)
 from tiletune.tuner.measure.trial_child import Call, Prepare, serve
 
 logger = logging.getLogger(__name__)
@@ -120,8 +127,9 @@ def trial_limit(
     if default_ms is None:
         return TrialLimit(isolation.floor_s, f"the {isolation.floor_s:g} s floor; no default time")
     default_s = default_ms / 1e3
-    if configs:
-        runs = bench.warmup_runs + bench.min_samples + 1
+    if configs:  # the validation run: its settings, warm-ups that may run longer
+        bench = bench.for_validation()
+        runs = bench.warmup_runs + EXTRA_WARMUP_RUNS + bench.min_samples + 1
         each_s = (
             isolation.slowdown * runs * default_s + 2 * bench.budget_s + bench.max_samples * bench.settle_s
         )
