@@ -38,7 +38,7 @@ from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.vendor import vendor_op
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, measure_interleaved
-from tiletune.tuner.measure.tune import TracePoint, TuneOptions, TuneReport, tune
+from tiletune.tuner.measure.tune import TracePoint, TuneOptions, TuneReport, config_key, tune
 from tiletune.tuner.search.search import TpeOptions
 
 COMPUTE_BOUND = ("matmul", "fused_attention", "fused_attention_backward")
@@ -149,18 +149,12 @@ def final_run(
     ranked = sorted(grid.validated, key=lambda pair: pair[1].median_ms)
     for index, (config, _) in enumerate(ranked[:GRID_CONTENDERS]):
         configs[f"grid_{index}"] = config
-    timed: list[str] = []  # the first name of each distinct config
-    for name, config in configs.items():
-        if all(configs[other] != config for other in timed):
-            timed.append(name)
-    runners = [*(bench.runner(configs[name]) for name in timed), _vendor(bench)]
-    timings = dict(
-        zip([*timed, "vendor"], measure_interleaved(runners, bench.device, plan.final_bench), strict=True)
-    )
-    measured = {
-        name: timings[next(t for t in timed if configs[t] == config)] for name, config in configs.items()
-    }
-    measured["vendor"] = timings["vendor"]
+    distinct = list({config_key(config): config for config in configs.values()}.values())
+    runners = [*(bench.runner(config) for config in distinct), _vendor(bench)]
+    *timings, vendor = measure_interleaved(runners, bench.device, plan.final_bench)
+    by_config = {config_key(config): m for config, m in zip(distinct, timings, strict=True)}
+    measured = {name: by_config[config_key(config)] for name, config in configs.items()}
+    measured["vendor"] = vendor
     fastest = min(
         (name for name in configs if name.startswith("grid_")), key=lambda name: measured[name].median_ms
     )
