@@ -4,13 +4,17 @@ Builds ``benchmarks/cpp_lookup.cpp`` with the machine's g++ (``-std=c++17 -O2``,
 ``tiletune-config --cflags`` names), writes a sealed bundle of ``--entries`` tuned entries of
 three real kernels (``native_add``, ``native_softmax``, ``fused_attention``: their declarations'
 infos and default configs, float32 and float16) and runs it on ``--keys`` of its keys. Prints
-the program's JSON document: the bundle's load time, and per kind the ns per lookup over 200
-batches of 10,000 (median, p10, p90, p99, min), with the share answered as expected:
+the program's JSON document: the bundle's load time, and per kind the ns per lookup over its
+batches (median, p10, p90, p99, min), with the share answered as expected. 200 rounds, each one
+batch of 10,000 lookups of every kind (so a slow spell of the machine falls on all alike):
 
-- ``exact``: a tuned key, through a ``Table`` (the launch path of a host tiling function);
+- ``exact_same_key``: one tuned key the whole batch, through a ``Table``: a host tiling function
+  asked for the shape it was asked for at the last launch (the goal: a hit <= 100 ns);
+- ``exact``: the tuned keys in turn (each lookup another key: the entries' cache lines cold);
 - ``exact_via_client``: the same through a ``Client`` (its atomic table swap on each lookup);
 - ``nearest``: each key with its first dim plus one (a scan of the kernel's entries of that
-  dtype, then the config snapped to the shape); ``default``: a kernel the bundle lacks.
+  dtype, then the config snapped to the shape), every fourth round, batches of 200;
+- ``default``: a kernel the bundle lacks.
 
 Run from the repository root: ``.venv/bin/python -m benchmarks.cpp_lookup``.
 """
@@ -112,7 +116,8 @@ def main() -> None:
         )
     result = {"benchmark": "cpp_lookup", **json.loads(done.stdout)}
     result["goal_hit_ns"] = 100
-    result["hit_within_goal"] = result["exact"]["median_ns"] <= 100
+    result["hit_within_goal"] = result["exact_same_key"]["median_ns"] <= 100
+    result["hit_in_turn_within_goal"] = result["exact"]["median_ns"] <= 100
     print(json.dumps(result, indent=1))
 
 

@@ -28,8 +28,8 @@ The plot follows the document's ``benchmark`` field (the functions live in ``ben
   and each operator's share of the tuned variant's profiled step;
 - ``isolation_overhead``: per case, the in-process and the isolated trial's median (p10–p90),
   the paired overhead in % against the 10 % goal, and the round trip of a call;
-- ``cpp_lookup``: the C++ client's ns per lookup (hit through a Table and a Client, nearest,
-  default; median, p10–p90, p99) against the 100 ns goal for a hit;
+- ``cpp_lookup``: the C++ client's ns per lookup (a hit on one key, on keys in turn, through a
+  Client; nearest, default; median, p10–p90, p99) against the 100 ns goal for a hit;
 - ``compile_time_tiles``: per shape and tile config, the compile-time and the run-time build's
   median time (torch.matmul for scale), and the build-ahead runs' measuring, build wait and busy share.
 

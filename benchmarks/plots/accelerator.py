@@ -16,7 +16,8 @@ ISOLATION_CASES = {"tiny": "tiny trial (n = {n:,})", "10ms": "≈10 ms trial (n 
 ISOLATION_GOAL = 0.10
 #: ``cpp_lookup``'s kinds, in the order drawn (top first), and their labels.
 CPP_KINDS = {
-    "exact": "hit, through a Table",
+    "exact_same_key": "hit, one key each batch",
+    "exact": "hit, keys in turn (cold)",
     "exact_via_client": "hit, through a Client",
     "nearest": "nearest (first dim + 1)",
     "default": "default (kernel not in the bundle)",

@@ -55,12 +55,14 @@ CPP_LOOKUP: dict[str, Any] = {
     "batch": 10_000,
     "rounds": 200,
     "load_ms": 12.5,
+    "exact_same_key": _lookup_ns(40.0),
     "exact": _lookup_ns(45.0),
     "exact_via_client": _lookup_ns(52.0),
     "nearest": _lookup_ns(900.0, 0.98),
     "default": _lookup_ns(30.0),
     "goal_hit_ns": 100,
     "hit_within_goal": True,
+    "hit_in_turn_within_goal": True,
 }
 
 

@@ -123,6 +123,8 @@ def random_config(rng: random.Random, kernel: str, shape: dict[str, int]) -> dic
         config[next(iter(config))] = 3  # outside the values (for the kernels that list them)
     elif roll < 0.08:
         config["extra"] = 1  # not the kernel's knobs
+    elif roll < 0.2:
+        config = dict(reversed(list(config.items())))  # the knobs in another order than the kernel's
     return config
 
 

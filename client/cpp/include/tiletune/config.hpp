@@ -143,38 +143,60 @@ class StringIndex {
 
 //! The entries whose shape key is their shape written in the kernel's dim order (as the server
 //! writes every key), by their dims' values in that order: a launch key in the kernel's order is
-//! looked up without writing its shape key.
+//! looked up without writing its shape key. A row holds the dims' values, the entry's index and,
+//! when the entry's config names the group's knobs in their order (`packed`), the knobs' values:
+//! a hit reads one row, not the entry (the launch path's cache misses are its cost).
 class ValueIndex {
  public:
-  void add(const std::int64_t* values, std::size_t dims, std::uint32_t entry) {
-    rows_.insert(rows_.end(), values, values + dims);
-    entries_.push_back(entry);
+  //! Starts an index of rows of `dims` values and `knobs` knob values.
+  void reset(std::size_t dims, std::size_t knobs) {
     dims_ = dims;
+    stride_ = dims + 1 + knobs;
+  }
+  //! One entry's row; `knob_values` null when its config is not in the group's knob order.
+  void add(const std::int64_t* values, std::uint32_t entry, const std::int64_t* knob_values) {
+    rows_.insert(rows_.end(), values, values + dims_);
+    rows_.push_back(static_cast<std::int64_t>(entry) | (knob_values == nullptr ? kUnpacked : 0));
+    const std::size_t knobs = stride_ - dims_ - 1;
+    if (knob_values != nullptr) {
+      rows_.insert(rows_.end(), knob_values, knob_values + knobs);
+    } else {
+      rows_.insert(rows_.end(), knobs, 0);
+    }
+    ++size_;
   }
   void build() {
     std::size_t size = 8;
-    while (size < entries_.size() * 2) size <<= 1;
+    while (size < size_ * 2) size <<= 1;
     slots_.assign(size, kEmpty);
-    for (std::uint32_t i = 0; i < entries_.size(); ++i) {
-      std::size_t at = hash(&rows_[i * dims_], dims_) & (size - 1);
+    for (std::uint32_t i = 0; i < size_; ++i) {
+      std::size_t at = hash(&rows_[i * stride_], dims_) & (size - 1);
       while (slots_[at] != kEmpty) at = (at + 1) & (size - 1);
       slots_[at] = i;
     }
   }
-  //! The entry (its index in the group) whose values are `dims`' values, or -1.
-  std::int64_t find(const Dim* dims, std::size_t count) const noexcept {
-    if (entries_.empty() || count != dims_) return -1;
+  //! The row whose values are `dims`' values, or null: `entry(row)`, and `knobs(row)` when packed.
+  const std::int64_t* find(const Dim* dims, std::size_t count) const noexcept {
+    if (size_ == 0 || count != dims_) return nullptr;
     std::uint64_t h = 0x9E3779B97F4A7C15ull;
     for (std::size_t i = 0; i < count; ++i) h = mix(h, dims[i].value);
     const std::size_t mask = slots_.size() - 1;
     for (std::size_t at = h & mask;; at = (at + 1) & mask) {
       std::uint32_t slot = slots_[at];
-      if (slot == kEmpty) return -1;
-      const std::int64_t* row = &rows_[slot * dims_];
+      if (slot == kEmpty) return nullptr;
+      const std::int64_t* row = &rows_[slot * stride_];
       bool equal = true;
       for (std::size_t i = 0; i < count && equal; ++i) equal = row[i] == dims[i].value;
-      if (equal) return entries_[slot];
+      if (equal) return row;
     }
+  }
+  //! The index in the group of a row's entry.
+  std::size_t entry(const std::int64_t* row) const noexcept {
+    return static_cast<std::size_t>(row[dims_] & ~kUnpacked);
+  }
+  //! A packed row's knob values (in the group's knob order), else null.
+  const std::int64_t* knobs(const std::int64_t* row) const noexcept {
+    return (row[dims_] & kUnpacked) != 0 ? nullptr : row + dims_ + 1;
   }
 
  private:
@@ -188,10 +210,12 @@ class ValueIndex {
     return h;
   }
   static constexpr std::uint32_t kEmpty = 0xFFFFFFFFu;
+  static constexpr std::int64_t kUnpacked = std::int64_t{1} << 40;
   std::vector<std::int64_t> rows_;
-  std::vector<std::uint32_t> entries_;
   std::vector<std::uint32_t> slots_;
   std::size_t dims_ = 0;
+  std::size_t stride_ = 1;
+  std::uint32_t size_ = 0;
 };
 
 //! The entries of one (kernel, kernel version, dtype), by shape key (and by values, for those
@@ -203,6 +227,14 @@ struct Group {
   StringIndex by_shape_key;
   ValueIndex by_values;
   bool all_by_values = false;
+  //! The knob names of by_values' packed rows (the kernel's knobs, else the first entry's).
+  std::vector<std::string> knob_names;
+  //! The nearest scan's view (index_shapes): `shaped[e]` when entry e's shape has exactly the
+  //! kernel's dims, then its values and their log2 (0 where not positive) at e * dims + the dim's
+  //! place in the kernel's order; empty when the kernel's dims are not plain.
+  std::vector<std::uint8_t> shaped;
+  std::vector<std::int64_t> values;
+  std::vector<double> logs;
 };
 
 //! A knob as the kernel's info gives its values: candidates (sorted, distinct), the dim it is
@@ -220,7 +252,9 @@ struct KernelIndex {
   bool rules_known = false;  //! every knob has candidates and the clamp rule is known
   bool pow2_ceil = false;
   bool plain_dims = false;  //! the info's dims are distinct identifiers, at most kMaxDims
+  bool valid_name = false;  //! the kernel's name is one a launch key may give
   bool defaults_elsewhere = false;  //! a dim default names a dim the info's dims lack
+  std::vector<std::uint8_t> categorical_dims;  //! per info dim: whether it is categorical
   std::vector<KnobRule> rules;
   std::vector<Group> groups;
 };

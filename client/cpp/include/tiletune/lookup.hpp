@@ -20,9 +20,10 @@ inline bool same(std::string_view a, std::string_view b) noexcept {
   return true;
 }
 
-//! The kernel and dtype of a launch key as tiletune.client.keys.key_problem takes them.
-inline bool valid_head(std::string_view kernel, std::string_view dtype) noexcept {
-  if (!is_identifier(kernel)) return false;
+//! The dtype of a launch key as tiletune.client.keys.key_problem takes it (the kernel's name is
+//! checked once, when the table is built: a name the table lacks is answered the default anyway).
+inline bool valid_dtype(std::string_view dtype) noexcept {
+  if (dtype.empty() || dtype.size() > 64) return false;
   std::size_t characters = 0;
   for (char c : dtype) characters += (static_cast<unsigned char>(c) & 0xC0u) != 0x80u;
   return characters > 0 && characters <= 16;
@@ -185,7 +186,15 @@ inline void State::exact(const KernelIndex* kernel, std::int64_t version, const 
                          bool ordered, std::string_view dtype, Answer& answer) const noexcept {
   const Group* g = group(kernel, version, dtype);
   if (g == nullptr) return;
-  std::int64_t found = ordered ? g->by_values.find(dims, count) : -1;
+  const std::int64_t* row = ordered ? g->by_values.find(dims, count) : nullptr;
+  if (row != nullptr) {
+    if (const std::int64_t* values = g->by_values.knobs(row)) {  // the answer from the row alone
+      for (std::size_t k = 0; k < g->knob_names.size(); ++k) answer.add(g->knob_names[k], values[k]);
+      answer.match = Match::exact;
+      return;
+    }
+  }
+  std::int64_t found = row != nullptr ? static_cast<std::int64_t>(g->by_values.entry(row)) : -1;
   if (found < 0 && !(ordered && g->all_by_values)) {  // a key not in the kernel's order, or odd shape keys
     char key[kMaxKeyBytes];
     std::size_t size = 0;
@@ -197,15 +206,60 @@ inline void State::exact(const KernelIndex* kernel, std::int64_t version, const 
   answer.match = Match::exact;
 }
 
+//! The query's dims as places in the kernel's dim order, and their log2 (0 where not positive), for
+//! the scan of Group::shaped entries; false when the query's dims are not the kernel's (then no
+//! such entry is comparable: shape_distance needs the same dims).
+inline bool query_places(const KernelIndex& kernel, const Dim* query, std::size_t count, std::size_t* places,
+                         double* logs) noexcept {
+  const std::vector<std::string>& dims = kernel.info->dims;
+  if (count != dims.size()) return false;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::size_t d = 0;
+    while (d < dims.size() && !same(dims[d], query[i].name)) ++d;
+    if (d == dims.size()) return false;
+    places[i] = d;
+    logs[i] = query[i].value > 0 ? std::log2(static_cast<double>(query[i].value)) : 0.0;
+  }
+  return true;
+}
+
+//! shape_distance for a Group::shaped entry, from the precomputed logs: the same terms summed in
+//! the same (the query's) order, so the same double.
+inline bool scanned_distance(const KernelIndex& kernel, const Group& g, std::size_t e, const Dim* query,
+                             std::size_t count, const std::size_t* places, const double* logs,
+                             double& total) noexcept {
+  const std::int64_t* values = &g.values[e * count];
+  const double* entry_logs = &g.logs[e * count];
+  total = 0.0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::size_t d = places[i];
+    if (kernel.categorical_dims[d] != 0) {
+      if (query[i].value != values[d]) return false;
+    } else if (query[i].value <= 0 || values[d] <= 0) {
+      return false;
+    } else {
+      total += std::fabs(logs[i] - entry_logs[d]);
+    }
+  }
+  return true;
+}
+
 inline void State::nearest(const KernelIndex& kernel, std::int64_t version, const Dim* query, std::size_t filled,
                            const Dim* asked, std::size_t count, std::string_view dtype, Answer& answer) const noexcept {
   const Group* g = group(&kernel, version, dtype);
   if (g == nullptr) return;
+  std::size_t places[kMaxFilled];
+  double logs[kMaxFilled];
+  const bool scannable = !g->shaped.empty() && query_places(kernel, query, filled, places, logs);
   const Entry* best = nullptr;
   double best_distance = 0.0;
-  for (const Entry* entry : g->entries) {
+  for (std::size_t e = 0; e < g->entries.size(); ++e) {
+    const Entry* entry = g->entries[e];
     double distance = 0.0;
-    if (!shape_distance(query, filled, entry->shape, *kernel.info, distance)) continue;
+    const bool comparable = !g->shaped.empty() && g->shaped[e] != 0
+                                ? scannable && scanned_distance(kernel, *g, e, query, filled, places, logs, distance)
+                                : shape_distance(query, filled, entry->shape, *kernel.info, distance);
+    if (!comparable) continue;
     if (best == nullptr || distance < best_distance ||
         (distance == best_distance && entry->shape_key < best->shape_key)) {
       best = entry;
@@ -223,10 +277,11 @@ inline void State::nearest(const KernelIndex& kernel, std::int64_t version, cons
 inline Answer State::get(std::string_view kernel_name, const Dim* dims, std::size_t count, std::string_view dtype,
                          std::int64_t version) const noexcept {
   Answer answer;
-  if (!valid_head(kernel_name, dtype)) return answer;
+  if (kernel_name.size() > kMaxName) return answer;  // never an identifier: not hashed
   std::int64_t at = by_kernel.find(kernel_name);
   const KernelIndex* kernel = at >= 0 ? &kernels[static_cast<std::size_t>(at)] : nullptr;
-  const KernelInfo* info = kernel != nullptr ? kernel->info : nullptr;
+  if (kernel == nullptr || !kernel->valid_name || !valid_dtype(dtype)) return answer;
+  const KernelInfo* info = kernel->info;
   const bool ordered = in_kernel_order(kernel, dims, count);
   if (!valid_dims(dims, count, ordered)) return answer;
   if (version == kBundleVersion) {

@@ -44,6 +44,10 @@ inline void compile_rules(KernelIndex& index) {
   for (const auto& d : info.dim_defaults) {
     index.defaults_elsewhere = index.defaults_elsewhere || std::find(info.dims.begin(), info.dims.end(), d.first) == info.dims.end();
   }
+  for (const std::string& dim : info.dims) {
+    bool categorical = std::find(info.categorical.begin(), info.categorical.end(), dim) != info.categorical.end();
+    index.categorical_dims.push_back(categorical ? 1 : 0);
+  }
   index.pow2_ceil = info.clamp_rule == "pow2_ceil";
   if (!info.has_knob_values || (info.clamp_rule != "min" && !index.pow2_ceil)) return;
   for (const std::string& knob : info.knobs) {
@@ -94,13 +98,29 @@ inline bool State::accepts(const Entry& entry, const KernelIndex* kernel) const 
   return true;
 }
 
+//! Whether `config` names `names` in their order (then its values go into a packed row).
+inline bool in_knob_order(const NamedInts& config, const std::vector<std::string>& names) noexcept {
+  if (config.size() != names.size()) return false;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (config[i].first != names[i]) return false;
+  }
+  return true;
+}
+
 //! Fills `g.by_values` with the entries whose shape key is their shape in the kernel's dim order.
 inline void index_values(const KernelIndex& kernel, Group& g) {
   if (kernel.info == nullptr || !kernel.plain_dims) return;
   const std::vector<std::string>& dims = kernel.info->dims;
-  std::vector<std::int64_t> values(dims.size());
+  if (!kernel.info->knobs.empty()) {
+    g.knob_names = kernel.info->knobs;
+  } else if (!g.entries.empty()) {
+    for (const auto& knob : g.entries.front()->config) g.knob_names.push_back(knob.first);
+  }
+  if (g.knob_names.size() > kMaxKnobs) g.knob_names.clear();
+  std::vector<std::int64_t> values(dims.size()), knob_values(g.knob_names.size());
   std::string written;
   g.all_by_values = true;
+  g.by_values.reset(dims.size(), g.knob_names.size());
   for (std::uint32_t i = 0; i < g.entries.size(); ++i) {
     const Entry& entry = *g.entries[i];
     bool canonical = entry.shape.size() == dims.size();
@@ -113,12 +133,36 @@ inline void index_values(const KernelIndex& kernel, Group& g) {
       written.append(d > 0 ? "," : "").append(dims[d]).append("=").append(std::to_string(dim->second));
     }
     if (canonical && written == entry.shape_key) {
-      g.by_values.add(values.data(), dims.size(), i);
+      const bool packed = !g.knob_names.empty() && in_knob_order(entry.config, g.knob_names);
+      for (std::size_t k = 0; packed && k < knob_values.size(); ++k) knob_values[k] = entry.config[k].second;
+      g.by_values.add(values.data(), i, packed ? knob_values.data() : nullptr);
     } else {
       g.all_by_values = false;
     }
   }
   g.by_values.build();
+}
+
+//! Fills `g.shaped`, `g.values` and `g.logs` (see Group): nearest scans them without a name lookup.
+inline void index_shapes(const KernelIndex& kernel, Group& g) {
+  if (kernel.info == nullptr || !kernel.plain_dims) return;
+  const std::vector<std::string>& dims = kernel.info->dims;
+  const std::size_t n = dims.size();
+  g.shaped.assign(g.entries.size(), 0);
+  g.values.assign(g.entries.size() * n, 0);
+  g.logs.assign(g.entries.size() * n, 0.0);
+  for (std::size_t e = 0; e < g.entries.size(); ++e) {
+    const NamedInts& shape = g.entries[e]->shape;
+    bool same_dims = shape.size() == n;  // n distinct names all found: exactly the kernel's dims
+    for (std::size_t d = 0; d < n && same_dims; ++d) {
+      const auto* dim = find_named(shape, dims[d]);
+      same_dims = dim != nullptr;
+      if (!same_dims) break;
+      g.values[e * n + d] = dim->second;
+      g.logs[e * n + d] = dim->second > 0 ? std::log2(static_cast<double>(dim->second)) : 0.0;
+    }
+    g.shaped[e] = same_dims ? 1 : 0;
+  }
 }
 
 inline void State::build(const std::string& chip) {
@@ -131,6 +175,7 @@ inline void State::build(const std::string& chip) {
     }
     names.push_back(name);
     kernels.emplace_back();
+    kernels.back().valid_name = is_identifier(name);
     return kernels.back();
   };
   kernels.reserve(bundle.kernels.size() + bundle.entries.size());
@@ -148,7 +193,12 @@ inline void State::build(const std::string& chip) {
            (kernel.groups[at].version != entry.kernel_version || kernel.groups[at].dtype != entry.dtype)) {
       ++at;
     }
-    if (at == kernel.groups.size()) kernel.groups.push_back(Group{entry.kernel_version, entry.dtype, {}, {}, {}, false});
+    if (at == kernel.groups.size()) {
+      Group fresh;
+      fresh.version = entry.kernel_version;
+      fresh.dtype = entry.dtype;
+      kernel.groups.push_back(std::move(fresh));
+    }
     Group& target = kernel.groups[at];
     key.clear();
     key.append(std::to_string(&kernel - kernels.data())).append(1, ':').append(std::to_string(at));
@@ -167,6 +217,7 @@ inline void State::build(const std::string& chip) {
       for (const Entry* entry : g.entries) shape_keys.push_back(entry->shape_key);
       g.by_shape_key.build(shape_keys);
       index_values(kernel, g);
+      index_shapes(kernel, g);
     }
   }
   by_kernel.build(names);
