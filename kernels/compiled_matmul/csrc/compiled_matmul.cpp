@@ -3,14 +3,14 @@
 // Built once per config by tiletune's build cache (kernels/build_cache.py) with
 // -DTILETUNE_TILE_M=.. -DTILETUNE_TILE_N=.. -DTILETUNE_TILE_K=..: the tile sizes are template
 // parameters, so the compiler knows the inner loops' trip counts (unrolled, a row group's
-// accumulators kept in vector registers where they fit). The same code with the tiles as run-time
-// values is exported too (tiletune_matmul_runtime): what the compile-time tiles win is measured
-// against it (benchmarks/compile_time_tiles.py). No torch headers: the library is loaded with
+// accumulators kept in vector registers where they fit). Built without those macros, the same code
+// takes the tiles as run-time values (tiletune_matmul_runtime): what the compile-time tiles win is
+// measured against it (benchmarks/compile_time_tiles.py). No torch headers: the library is loaded with
 // ctypes and called on the tensors' data pointers (row-major, contiguous float32).
 //
 // Work: output tiles tile_m x tile_n in row-major order, contiguous ranges of them per thread
 // (block_dim threads, OpenMP). A tile steps through k in tile_k slices: the B block is packed into
-// a zero-padded panel of tile_k rows, each a whole number of 16-float vectors wide (so edge tiles
+// a zero-padded panel of tile_k rows, each a whole number of vectors wide (so edge tiles
 // run the same code and only their valid columns are stored), then the A rows are taken four at a
 // time against it, accumulating into the tile's float32 accumulator (one per thread).
 #include <omp.h>
@@ -22,8 +22,16 @@
 
 namespace {
 
-typedef float vec __attribute__((vector_size(64)));  // 16 floats: one AVX-512 register
+// One vector register of the machine the build is for (-march=native): 16 floats with AVX-512,
+// else 8 (AVX2). A wider vector than the registers is split by the compiler into several, which at
+// -O3 runs out of registers (spills): twice slower on an AVX2 machine.
+#if defined(__AVX512F__)
+typedef float vec __attribute__((vector_size(64)));
 constexpr int64_t kLanes = 16;
+#else
+typedef float vec __attribute__((vector_size(32)));
+constexpr int64_t kLanes = 8;
+#endif
 constexpr int64_t kRows = 4;  // rows of A per micro step
 
 template <int64_t TM, int64_t TN, int64_t TK>
@@ -126,14 +134,6 @@ int matmul(const Tiles& t, const Problem& pr, int64_t block_dim) {
 
 }  // namespace
 
-// The kernel with its tiles given at run time. 0: done; 1: out of memory; 2: a bad argument.
-extern "C" int tiletune_matmul_runtime(const float* a, const float* b, float* c, int64_t m, int64_t n,
-                                       int64_t k, int64_t tile_m, int64_t tile_n, int64_t tile_k,
-                                       int64_t block_dim) {
-  if (tile_m < 1 || tile_n < 1 || tile_k < 1 || block_dim < 1 || m < 0 || n < 0 || k < 0) return 2;
-  return matmul(RuntimeTiles{tile_m, tile_n, tile_k}, Problem{a, b, c, m, n, k}, block_dim);
-}
-
 #if defined(TILETUNE_TILE_M) && defined(TILETUNE_TILE_N) && defined(TILETUNE_TILE_K)
 static_assert(TILETUNE_TILE_M >= 1 && TILETUNE_TILE_N >= 1 && TILETUNE_TILE_K >= 1, "tiles must be >= 1");
 
@@ -150,5 +150,14 @@ extern "C" void tiletune_matmul_tiles(int64_t* out) {
   out[0] = TILETUNE_TILE_M;
   out[1] = TILETUNE_TILE_N;
   out[2] = TILETUNE_TILE_K;
+}
+#else
+// Built without tiles: the kernel with its tiles given at run time (a config's build compiles only
+// its own instantiation, which halves its compile). 0: done; 1: out of memory; 2: a bad argument.
+extern "C" int tiletune_matmul_runtime(const float* a, const float* b, float* c, int64_t m, int64_t n,
+                                       int64_t k, int64_t tile_m, int64_t tile_n, int64_t tile_k,
+                                       int64_t block_dim) {
+  if (tile_m < 1 || tile_n < 1 || tile_k < 1 || block_dim < 1 || m < 0 || n < 0 || k < 0) return 2;
+  return matmul(RuntimeTiles{tile_m, tile_n, tile_k}, Problem{a, b, c, m, n, k}, block_dim);
 }
 #endif
