@@ -118,15 +118,25 @@ class BuildAhead:
     def submit(self, bench: KernelBench, configs: Iterable[Mapping[str, object]]) -> int:
         """Start building ``configs`` of ``bench``'s kernel (raw, as the server sent them); returns how
         many builds were started (0 for a kernel without build-time knobs, or without a pool)."""
-        spec = bench.spec
+        return self.submit_for(bench.spec, bench.shape, bench.dtype, bench.device.chip.limits, configs)
+
+    def submit_for(
+        self,
+        spec: KernelSpec,
+        shape: Shape,
+        dtype: str,
+        limits: DeviceLimits,
+        configs: Iterable[Mapping[str, object]],
+    ) -> int:
+        """:meth:`submit` before a bench exists (a job's first configs, while its bench is readied)."""
         if not isinstance(spec, BuiltPerConfig) or not _builds_per_config(spec) or self.workers < 1:
             return 0
         started = 0
         for raw in configs:
-            config = self._buildable(bench.spec, bench.shape, bench.dtype, bench.device.chip.limits, raw)
+            config = self._buildable(spec, shape, dtype, limits, raw)
             if config is None:
                 continue
-            key = _key(bench.spec, config)
+            key = _key(spec, config)
             with self._lock:
                 if key in self._builds:
                     continue

@@ -19,7 +19,8 @@ the batch: what was measured is told, then the error is raised for the worker to
 
 A kernel whose configs are builds (build-time knobs) has each batch built ahead
 (:mod:`tiletune.tuner.measure.build_ahead`): the batch asked ahead starts building as soon as it is
-answered, and a config is measured only once its build is in the cache.
+answered, and a config is measured only once its build is in the cache. The lease's first batch is
+asked before the bench is readied (:meth:`JobDriver.first_ask`), so it builds meanwhile.
 
 When a job ends here (``done``, or validated) its time is logged at info level: the seconds spent
 measuring (the trial process's calls, round trips and checks included, and the validation run),
@@ -39,8 +40,10 @@ from dataclasses import dataclass, field
 
 from tiletune.client.api import ServiceApi, StopRequestedError
 from tiletune.client.calls import ApiError
+from tiletune.client.space import DeviceLimits
 from tiletune.client.wire import AskPhase, AskPublic, Config, LeasePublic, Task, TrialOutcome
-from tiletune.kernels.errors import InputError
+from tiletune.kernels.errors import InputError, UnknownKernelError
+from tiletune.kernels.registry import get_kernel
 from tiletune.tuner.measure.bench import KernelBench
 from tiletune.tuner.measure.build_ahead import BuildAhead, shared_build_ahead
 from tiletune.tuner.measure.heartbeat import Heartbeat
@@ -115,9 +118,27 @@ class JobDriver:
         self._poll_s = poll_s
         self._stopping = stopping
 
-    def drive(self, run: LeasedRun) -> Release | None:
-        """Ask and answer until the server says ``done`` or the job is validated (lease ended)."""
-        answer = self._api.ask(run.lease.token, self._batch)
+    def first_ask(self, lease: LeasePublic, limits: DeviceLimits) -> AskPublic | None:
+        """For a kernel whose configs are builds (and a pool to build them), the lease's first ask,
+        made before its bench is readied: the answer's configs build while the trial process starts
+        and the default is built and checked (pass it to :meth:`drive`). None for any other job."""
+        job = lease.job
+        try:
+            spec = get_kernel(job.kernel)
+            shape = spec.parse_shape(job.shape)
+        except (UnknownKernelError, InputError):
+            return None  # bench_for says why the job cannot run
+        if self.builds.depth(spec) == 0 or spec.version != job.kernel_version:
+            return None
+        answer = self._api.ask(lease.token, self._batch)
+        configs = [task.config for task in answer.tasks] or answer.validate_configs
+        self.builds.submit_for(spec, shape, job.dtype, limits, configs)
+        return answer
+
+    def drive(self, run: LeasedRun, first: AskPublic | None = None) -> Release | None:
+        """Ask and answer until the server says ``done`` or the job is validated (lease ended);
+        ``first``: the lease's first answer when it was asked already (:meth:`first_ask`)."""
+        answer = first if first is not None else self._api.ask(run.lease.token, self._batch)
         while True:
             self._step(run)
             if answer.phase == AskPhase.SEARCH and answer.tasks:

@@ -329,9 +329,10 @@ class Worker:
         job_id = lease.job.id
         run = None
         try:
+            first = self._driver.first_ask(lease, self._device.chip.limits)  # builds while readying
             bench = bench_for(lease.job, self._device, self._bench_settings, self._trials)
             run = LeasedRun(lease, heartbeat, bench)
-            return self._driver.drive(run)
+            return self._driver.drive(run, first)
         except LeaseLostError as lost:
             logger.warning("job %d: lease lost (%s); dropping the job", job_id, lost)
             return None
