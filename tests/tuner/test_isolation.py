@@ -7,6 +7,8 @@ against the real app on SQLite, with the kernel registered as a plugin would be.
 
 from __future__ import annotations
 
+import dataclasses
+
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -121,13 +123,17 @@ def test_a_fresh_process_that_cannot_run_the_default_makes_the_device_unusable(p
 
 
 def test_the_limit_grows_with_the_default_time_above_its_floor() -> None:
-    settings = BenchSettings(warmup_runs=2, min_samples=5, budget_s=0.4)
+    settings = BenchSettings(warmup_runs=2, min_samples=5, budget_s=0.4, against_default=False)
     isolation = IsolationSettings(floor_s=10.0, slowdown=10.0)
     assert trial_limit(settings, isolation, None).seconds == 10.0
     assert trial_limit(settings, isolation, 1.0).seconds == 10.0  # 10 x 9 runs x 1 ms + 0.8 s
     slow = trial_limit(settings, isolation, 1000.0)
     assert slow.seconds == pytest.approx(10 * 9 * 1.0 + 0.8)
     assert "default 1e+03 ms" in slow.basis
+    # timed again beside the default: (10 + 1) x (2 + 4 + 5 + 1) runs of 1 s, 4 budgets, 2 x 500 settles
+    paired = trial_limit(dataclasses.replace(settings, against_default=True), isolation, 1000.0)
+    assert paired.seconds == pytest.approx(10 * 9 * 1.0 + 0.8 + 11 * 12 * 1.0 + 1.6 + 1000 * 0.001)
+    assert "against the default" in paired.basis
     # a validation run: its settings (3 x 0.4 s budget, 500 rounds of 1 ms settles), 4 more warm-ups
     compare = trial_limit(settings, isolation, 1000.0, configs=3).seconds
     assert compare == pytest.approx(3 * (10 * (2 + 4 + 5 + 1) * 1.0 + 2 * 1.2 + 500 * 0.001))

@@ -64,6 +64,10 @@ class BenchSettings:
     from the fastest warm-up run); it records the time per call. One call per sample without
     warm-up runs, when caches are flushed (before every timed call, as on accelerators), or with
     ``0``.
+
+    ``against_default``: a search trial that was not pruned is timed again interleaved with the
+    kernel's default, and reported in the default's units (:mod:`tiletune.tuner.measure.referenced`):
+    the drift of a shared machine between trials cancels.
     """
 
     warmup_runs: int = 2
@@ -76,6 +80,7 @@ class BenchSettings:
     settle_s: float = 0.001
     min_sample_ms: float = 1.0
     max_launches: int = 10_000
+    against_default: bool = True
 
     def for_validation(self) -> BenchSettings:
         """The settings of a validation run (:meth:`KernelBench.compare`): three times the budget
@@ -363,6 +368,9 @@ class KernelBench:
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
         self.read_conditions = conditions_reader(self.device)
+        from tiletune.tuner.measure.referenced import DefaultReference  # it times through this module
+
+        self.reference = DefaultReference()
 
     def runner(self, config: Config) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on the prepared inputs."""
@@ -403,11 +411,13 @@ class KernelBench:
             return TrialResult(config, measurement=dataclasses.replace(pruned, conditions=conditions))
         try:
             runner = self.runner(config)
-            measurement = self._conditioned(
+            measurement = self.conditioned(
                 lambda: [measure(runner, self.device, self.settings, best_known_ms)]
             )[0]
         except Exception as error:
             return TrialResult(config, error=f"{type(error).__name__}: {error}")
+        if self.settings.against_default and not measurement.pruned:
+            measurement = self.reference.rescale(self, config, measurement)
         return TrialResult(config, measurement=measurement)
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
@@ -415,9 +425,9 @@ class KernelBench:
         :meth:`BenchSettings.for_validation`); same order as given."""
         runners = [self.runner(c) for c in configs]
         settings = self.settings.for_validation()
-        return self._conditioned(lambda: measure_interleaved(runners, self.device, settings))
+        return self.conditioned(lambda: measure_interleaved(runners, self.device, settings))
 
-    def _conditioned(self, take: Callable[[], list[Measurement]]) -> list[Measurement]:
+    def conditioned(self, take: Callable[[], list[Measurement]]) -> list[Measurement]:
         """``take()``'s measurements with the conditions they were taken in, taken again while the
         device's clock was low (:func:`~tiletune.kernels.conditions.measured_at_clock`)."""
         if self.read_conditions is None:

@@ -20,7 +20,10 @@ started with multiprocessing's *spawn* context) and survives whatever a config d
   ``evaluate`` and ``check`` the limit is ``max(floor_s, slowdown × (warmup_runs + min_samples + 2) ×
   d + 2 × budget_s)``: the runs a measurement makes whatever its budget (the checked run,
   warm-ups, the minimum samples, one sample past the budget) of a config ``slowdown`` times
-  slower than the default, plus twice the timing budget. For ``compare`` of ``n`` configs it is
+  slower than the default, plus twice the timing budget; with ``against_default`` (the trial timed
+  again beside the default, :mod:`~tiletune.tuner.measure.referenced`) plus ``(slowdown + 1) ×
+  (warmup_runs + EXTRA_WARMUP_RUNS + min_samples + 1) × d + 4 × budget_s + 2 × max_samples ×
+  settle_s``. For ``compare`` of ``n`` configs it is
   ``max(floor_s, n × (slowdown × (warmup_runs + EXTRA_WARMUP_RUNS + min_samples + 1) × d + 2 ×
   budget_s + max_samples × settle_s))`` with the validation run's settings
   (``BenchSettings.for_validation``). Without a default time (it was invalid or wrong) the floor is the limit.
@@ -137,9 +140,15 @@ def trial_limit(
     else:
         runs = bench.warmup_runs + bench.min_samples + 2
         derived_s = isolation.slowdown * runs * default_s + 2 * bench.budget_s
+        if bench.against_default:  # the run with the default: two callables, their warm-ups and settles
+            paired = bench.warmup_runs + EXTRA_WARMUP_RUNS + bench.min_samples + 1
+            derived_s += (isolation.slowdown + 1) * paired * default_s + 4 * bench.budget_s
+            derived_s += 2 * bench.max_samples * bench.settle_s
+    against = " and the run against the default" if bench.against_default and not configs else ""
     basis = (
         f"max({isolation.floor_s:g} s floor, {isolation.slowdown:g} × {runs} runs × default "
-        f"{default_ms:.3g} ms + 2 × {bench.budget_s:g} s budget{f', {configs} configs' if configs else ''})"
+        f"{default_ms:.3g} ms + 2 × {bench.budget_s:g} s budget{f', {configs} configs' if configs else ''}"
+        f"{against})"
     )
     return TrialLimit(max(isolation.floor_s, derived_s), basis)
 
