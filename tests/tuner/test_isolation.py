@@ -8,7 +8,6 @@ against the real app on SQLite, with the kernel registered as a plugin would be.
 from __future__ import annotations
 
 import dataclasses
-
 import time
 from collections.abc import Iterator
 from pathlib import Path

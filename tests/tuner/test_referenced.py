@@ -38,7 +38,8 @@ def test_another_config_is_reported_in_the_anchors_units() -> None:
     config = _other_config(bench)
     bench.reference.anchor_ms = 1e6  # the default "took" a thousand seconds: every ratio is scaled to it
     scaled = bench.evaluate(config).measurement
-    assert scaled is not None and not scaled.pruned
+    assert scaled is not None
+    assert not scaled.pruned
     assert scaled.median_ms > 1e3  # a config within 1000x of the default, times 1e6 ms
     assert scaled.p10_ms <= scaled.median_ms <= scaled.p90_ms
 
@@ -48,12 +49,14 @@ def test_the_first_run_against_the_default_sets_the_anchor() -> None:
     config = _other_config(bench)
     result = bench.evaluate(config)
     assert result.measurement is not None
-    assert bench.reference.anchor_ms is not None and bench.reference.anchor_ms > 0
+    assert bench.reference.anchor_ms is not None
+    assert bench.reference.anchor_ms > 0
 
 
 def test_off_the_trial_is_its_own_time() -> None:
     bench = _bench(dataclasses.replace(QUICK, against_default=False))
     bench.reference.anchor_ms = 1e6
     plain = bench.evaluate(_other_config(bench)).measurement
-    assert plain is not None and plain.median_ms < 1e3
+    assert plain is not None
+    assert plain.median_ms < 1e3
     assert bench.reference.anchor_ms == 1e6
