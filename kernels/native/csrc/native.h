@@ -180,8 +180,10 @@ inline float to_float(T v) {
 }
 
 // exp(x) for float32: 2^n * e^r with |r| <= ln2/2, a degree-6 polynomial for e^r;
-// relative error ~1e-7; inputs below -87 give ~1e-38 (callers skip masked entries).
+// relative error ~1e-7; inputs below -87 (their exp is under float's smallest normal), -inf of a
+// masked entry among them, give exactly 0 (a select, so loops calling it still vectorise).
 inline float exp_approx(float x) {
+  const bool underflow = x < -87.0f;
   x = std::min(std::max(x, -87.0f), 88.0f);
   float n = std::floor(x * 1.44269504088896341f + 0.5f);
   float r = std::fma(n, -0.693359375f, x);
@@ -196,7 +198,7 @@ inline float exp_approx(float x) {
   int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof scale);
-  return p * scale;
+  return underflow ? 0.0f : p * scale;
 }
 
 #if defined(__AVX512F__)
