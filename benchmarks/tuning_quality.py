@@ -203,7 +203,7 @@ class FinalRuns:
 
     def ratio(self, numerator: str, denominator: str) -> float:
         """The median over the runs of ``numerator``'s median over ``denominator``'s."""
-        return statistics.median(r[numerator].median_ms / r[denominator].median_ms for r in self.rounds)
+        return statistics.median(self.ratios(numerator, denominator))
 
     def ratios(self, numerator: str, denominator: str) -> list[float]:
         """Each run's ratio, in run order."""

@@ -37,6 +37,7 @@ from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.spec import KernelOutput, KernelSpec
 from tiletune.tuner.measure.check import output_mismatch
+from tiletune.tuner.measure.referenced import DefaultReference
 
 
 @dataclass(frozen=True)
@@ -368,9 +369,10 @@ class KernelBench:
         self.expected = self.spec.reference(self.inputs, self.shape)
         self.tolerance = self.spec.tolerance(self.dtype)
         self.read_conditions = conditions_reader(self.device)
-        from tiletune.tuner.measure.referenced import DefaultReference  # it times through this module
-
-        self.reference = DefaultReference()
+        limits = self.device.chip.limits
+        default = self.spec.default_config(self.shape, self.dtype, limits)
+        valid = self.spec.invalid_reason(default, self.shape, self.dtype, limits) is None
+        self.reference = DefaultReference(default if valid else None, self._timed_with)
 
     def runner(self, config: Config) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on the prepared inputs."""
@@ -417,7 +419,7 @@ class KernelBench:
         except Exception as error:
             return TrialResult(config, error=f"{type(error).__name__}: {error}")
         if self.settings.against_default and not measurement.pruned:
-            measurement = self.reference.rescale(self, config, measurement)
+            measurement = self.reference.rescale(config, measurement)
         return TrialResult(config, measurement=measurement)
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
@@ -426,6 +428,11 @@ class KernelBench:
         runners = [self.runner(c) for c in configs]
         settings = self.settings.for_validation()
         return self.conditioned(lambda: measure_interleaved(runners, self.device, settings))
+
+    def _timed_with(self, config: Config, default: Config) -> list[Measurement]:
+        """``config`` and ``default`` timed interleaved in one run (the search's settings)."""
+        runners = [self.runner(config), self.runner(default)]
+        return self.conditioned(lambda: measure_interleaved(runners, self.device, self.settings))
 
     def conditioned(self, take: Callable[[], list[Measurement]]) -> list[Measurement]:
         """``take()``'s measurements with the conditions they were taken in, taken again while the

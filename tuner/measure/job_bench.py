@@ -1,7 +1,8 @@
 """The bench of a leased job: what this worker measures it with, or why it cannot run it here.
 
-:func:`bench_for` checks a leased job against this machine (the kernel is registered here at the
-job's version, has the job's backend built, takes its shape and dtype, and runs on the device)
+:func:`bench_for` checks a leased job against this machine (:func:`job_kernel`: the kernel is
+registered here at the job's version, has the job's backend built, takes its shape and dtype; and
+it runs on the device)
 and builds its :class:`~tiletune.tuner.measure.bench.KernelBench` once per lease (inputs and the
 reference output; a lookup bench on a replay device). Anything this worker cannot run is an
 :class:`UnsupportedJobError` saying why, which the worker releases as failed. Given a
@@ -14,10 +15,11 @@ from that time (:meth:`~tiletune.tuner.measure.build_ahead.BuildAhead.ready_defa
 from __future__ import annotations
 
 from tiletune.client.wire import LeasedJob
+from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import Device, ReplayDevice
 from tiletune.kernels.errors import InputError, UnknownKernelError
 from tiletune.kernels.registry import get_kernel, runs_on
-from tiletune.kernels.spec import torch_dtype
+from tiletune.kernels.spec import KernelSpec, torch_dtype
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 from tiletune.tuner.measure.build_ahead import shared_build_ahead
 from tiletune.tuner.measure.isolation import TrialPool
@@ -28,12 +30,10 @@ class UnsupportedJobError(Exception):
     """This worker cannot run the leased job; the message says why."""
 
 
-def bench_for(
-    job: LeasedJob, device: Device, settings: BenchSettings, isolation: TrialPool | None = None
-) -> KernelBench:
-    """The bench of ``job`` on ``device`` (isolated in ``isolation``'s child process when given);
-    :class:`UnsupportedJobError` if it cannot run here, and
-    :class:`~tiletune.tuner.measure.isolation.DeviceUnusableError` if a fresh child cannot run its default."""
+def job_kernel(job: LeasedJob) -> tuple[KernelSpec, Shape]:
+    """The kernel and shape of ``job`` as registered here: :class:`UnsupportedJobError` if this
+    worker has no such kernel, another version of it, not the job's backend, or cannot parse the
+    job's shape or dtype."""
     try:
         spec = get_kernel(job.kernel)
     except UnknownKernelError as error:
@@ -51,6 +51,17 @@ def bench_for(
         torch_dtype(job.dtype)
     except InputError as error:
         raise UnsupportedJobError(str(error)) from None
+    return spec, shape
+
+
+def bench_for(
+    job: LeasedJob, device: Device, settings: BenchSettings, isolation: TrialPool | None = None
+) -> KernelBench:
+    """The bench of ``job`` on ``device`` (isolated in ``isolation``'s child process when given);
+    :class:`UnsupportedJobError` if it cannot run here (:func:`job_kernel`, or not on this device),
+    and :class:`~tiletune.tuner.measure.isolation.DeviceUnusableError` if a fresh child cannot run
+    its default."""
+    spec, shape = job_kernel(job)
     if not runs_on(spec, device.kind):
         raise UnsupportedJobError(f"kernel {spec.name} does not run on a {device.kind} device")
     if isinstance(device, ReplayDevice):

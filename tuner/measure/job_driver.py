@@ -42,12 +42,12 @@ from tiletune.client.api import ServiceApi, StopRequestedError
 from tiletune.client.calls import ApiError
 from tiletune.client.space import DeviceLimits
 from tiletune.client.wire import AskPhase, AskPublic, Config, LeasePublic, Task, TrialOutcome
-from tiletune.kernels.errors import InputError, UnknownKernelError
-from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.errors import InputError
 from tiletune.tuner.measure.bench import KernelBench
 from tiletune.tuner.measure.build_ahead import BuildAhead, shared_build_ahead
 from tiletune.tuner.measure.heartbeat import Heartbeat
 from tiletune.tuner.measure.isolation import DeviceUnusableError
+from tiletune.tuner.measure.job_bench import UnsupportedJobError, job_kernel
 from tiletune.tuner.measure.result import outcome_of, validated_results
 
 logger = logging.getLogger(__name__)
@@ -124,11 +124,10 @@ class JobDriver:
         and the default is built and checked (pass it to :meth:`drive`). None for any other job."""
         job = lease.job
         try:
-            spec = get_kernel(job.kernel)
-            shape = spec.parse_shape(job.shape)
-        except (UnknownKernelError, InputError):
+            spec, shape = job_kernel(job)
+        except UnsupportedJobError:
             return None  # bench_for says why the job cannot run
-        if self.builds.depth(spec) == 0 or spec.version != job.kernel_version:
+        if self.builds.depth(spec) == 0:
             return None
         answer = self._api.ask(lease.token, self._batch)
         configs = [task.config for task in answer.tasks] or answer.validate_configs

@@ -19,38 +19,38 @@ leaves the plain time). Otherwise its median, p10, p90 and min are the run's, sc
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from tiletune.kernels.declaration import Config
 
 if TYPE_CHECKING:
-    from tiletune.tuner.measure.bench import KernelBench, Measurement
+    from tiletune.tuner.measure.bench import Measurement
+
+#: Times ``(config, default)`` interleaved in one run: their measurements, in that order.
+TimedWith = Callable[[Config, Config], "list[Measurement]"]
 
 
 class DefaultReference:
-    """The anchor of one bench's trials (see the module docstring); one per :class:`KernelBench`."""
+    """The anchor of one bench's trials (see the module docstring); one per
+    :class:`~tiletune.tuner.measure.bench.KernelBench`. ``default``: the kernel's default for the
+    bench's shape and chip, None when it is invalid there; ``timed_with`` times a config with it."""
 
-    def __init__(self) -> None:
+    def __init__(self, default: Config | None, timed_with: TimedWith) -> None:
+        self.default = dict(default) if default is not None else None
         self.anchor_ms: float | None = None
+        self._timed_with = timed_with
 
-    def rescale(self, bench: KernelBench, config: Config, plain: Measurement) -> Measurement:
+    def rescale(self, config: Config, plain: Measurement) -> Measurement:
         """``plain`` (``config``'s own measurement) in the anchor's units."""
-        from tiletune.tuner.measure.bench import measure_interleaved
-
-        limits = bench.device.chip.limits
-        default = bench.spec.default_config(bench.shape, bench.dtype, limits)
-        if bench.spec.invalid_reason(default, bench.shape, bench.dtype, limits) is not None:
+        if self.default is None:
             return plain
-        if dict(config) == dict(default):
+        if dict(config) == self.default:
             if self.anchor_ms is None:
                 self.anchor_ms = plain.median_ms
             return plain
         try:
-            timed, reference = bench.conditioned(
-                lambda: measure_interleaved(
-                    [bench.runner(config), bench.runner(default)], bench.device, bench.settings
-                )
-            )
+            timed, reference = self._timed_with(config, self.default)
         except Exception:  # the default failed here: the plain time stands
             return plain
         if reference.median_ms <= 0 or timed.median_ms <= 0:
