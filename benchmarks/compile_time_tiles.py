@@ -51,7 +51,8 @@ from tiletune.kernels.build_cache import BuildCache, shared_cache
 from tiletune.kernels.compiled_matmul.spec import as_operands, load_runtime, load_static, recipe
 from tiletune.kernels.device import CpuDevice
 from tiletune.kernels.registry import get_kernel
-from tiletune.tuner.measure.bench import BenchSettings, Measurement, measure_interleaved
+from tiletune.tuner.measure.bench import BenchSettings, measure_interleaved
+from tiletune.tuner.measure.measurement import Measurement
 
 SHAPES = ((256, 256, 256), (512, 512, 512), (1000, 1000, 1000))
 QUICK_SHAPES = ((256, 256, 256), (500, 500, 500))

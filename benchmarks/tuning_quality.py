@@ -43,7 +43,8 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.vendor import vendor_op
-from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, measure_interleaved
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench, measure_interleaved
+from tiletune.tuner.measure.measurement import Measurement
 from tiletune.tuner.measure.tune import TracePoint, TuneOptions, TuneReport, config_key, tune
 from tiletune.tuner.search.search import TpeOptions
 

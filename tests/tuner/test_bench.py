@@ -14,13 +14,12 @@ from tiletune.kernels.device import CpuDevice, Device
 from tiletune.tuner.measure.bench import (
     SAMPLE_CAP,
     BenchSettings,
-    Measurement,
     common_launches,
     measure,
     measure_interleaved,
-    median_rel_ci,
 )
 from tiletune.tuner.measure.check import output_mismatch
+from tiletune.tuner.measure.measurement import Measurement, median_rel_ci
 
 
 class ScriptedDevice(CpuDevice):

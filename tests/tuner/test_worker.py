@@ -25,7 +25,8 @@ from tiletune.kernels.device import CpuDevice
 from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV
 from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV as REPLAY_MODULE_ENV
 from tiletune.service.cli import main
-from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.measurement import Measurement, TrialResult
 from tiletune.tuner.measure.result import outcome_of, validated_results
 from tiletune.tuner.measure.worker import STOP_REASON, Worker, WorkerRejectedError
 

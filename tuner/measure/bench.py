@@ -22,12 +22,10 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
 from tiletune.kernels.conditions import (
-    MeasurementConditions,
     conditions_reader,
     default_flush_bytes,
     measured_at_clock,
@@ -37,6 +35,12 @@ from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.spec import KernelOutput, KernelSpec
 from tiletune.tuner.measure.check import output_mismatch
+from tiletune.tuner.measure.measurement import (
+    Measurement,
+    TrialResult,
+    interleaved_measurements,
+    median_rel_ci,
+)
 from tiletune.tuner.measure.referenced import DefaultReference
 
 
@@ -88,99 +92,6 @@ class BenchSettings:
         and room for 200 rounds, so the medians the judge compares are known to about a percent
         on a noisy machine (its margin grows with their error: ``finalists.clearly_faster``)."""
         return dataclasses.replace(self, budget_s=3 * self.budget_s, max_samples=max(self.max_samples, 200))
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Statistics of repeated timed runs of one config, in milliseconds per launch.
-
-    ``launches_per_sample``: the back-to-back calls each sample timed (its time divided by them).
-    ``conditions``: the machine's state around the timed runs (governor, load, clocks), when read.
-    """
-
-    median_ms: float
-    p10_ms: float
-    p90_ms: float
-    min_ms: float
-    samples: int
-    pruned: bool = False
-    launches_per_sample: int = 1
-    conditions: MeasurementConditions | None = None
-
-    @classmethod
-    def from_samples(
-        cls, samples_ms: Sequence[float], pruned: bool = False, launches: int = 1
-    ) -> Measurement:
-        """Summarise raw samples (at least one), each the time per launch of ``launches`` calls."""
-        ordered = sorted(samples_ms)
-        return cls(
-            median_ms=statistics.median(ordered),
-            p10_ms=_quantile(ordered, 0.10),
-            p90_ms=_quantile(ordered, 0.90),
-            min_ms=ordered[0],
-            samples=len(ordered),
-            pruned=pruned,
-            launches_per_sample=launches,
-        )
-
-    @property
-    def spread(self) -> float:
-        """(p90 - p10) / median: the relative spread of the samples."""
-        return (self.p90_ms - self.p10_ms) / self.median_ms if self.median_ms > 0 else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready fields."""
-        return {
-            "median_ms": self.median_ms,
-            "p10_ms": self.p10_ms,
-            "p90_ms": self.p90_ms,
-            "min_ms": self.min_ms,
-            "samples": self.samples,
-            "pruned": self.pruned,
-            "launches_per_sample": self.launches_per_sample,
-            **({"conditions": self.conditions.as_dict()} if self.conditions is not None else {}),
-        }
-
-
-@dataclass(frozen=True)
-class TrialResult:
-    """The outcome of evaluating one config: a measurement, or why there is none.
-
-    ``invalid`` holds a constraint's reason (never run); ``error`` a run that
-    crashed or returned a wrong result (run, then rejected).
-    """
-
-    config: Config
-    measurement: Measurement | None = None
-    invalid: str | None = None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """True when the config ran, was correct and was measured."""
-        return self.measurement is not None
-
-
-def _quantile(ordered: Sequence[float], q: float) -> float:
-    position = q * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def median_rel_ci(samples_ms: Sequence[float]) -> float:
-    """Half-width of the distribution-free 95 % confidence interval of the median, relative to it.
-
-    Uses the order statistics at ``n/2 ± 1.96·√n/2``; infinite below 5 samples.
-    """
-    n = len(samples_ms)
-    if n < 5:
-        return math.inf
-    ordered = sorted(samples_ms)
-    half = 1.96 * math.sqrt(n) / 2
-    low = ordered[max(0, math.floor(n / 2 - half))]
-    high = ordered[min(n - 1, math.ceil(n / 2 + half))]
-    median = statistics.median(ordered)
-    return (high - low) / (2 * median) if median > 0 else 0.0
 
 
 def settle(settings: BenchSettings) -> None:
@@ -342,7 +253,7 @@ def measure_interleaved(
             spent_ms += sample * launches[index]
         if round_index + 1 >= settings.min_samples and spent_ms >= budget_ms:
             break
-    return [Measurement.from_samples(s, launches=n) for s, n in zip(samples, launches, strict=True)]
+    return interleaved_measurements(samples, launches)
 
 
 @dataclass

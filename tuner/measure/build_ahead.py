@@ -46,7 +46,8 @@ from tiletune.kernels.build_cache import BuiltPerConfig, build_root
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.errors import InputError
 from tiletune.kernels.spec import KernelSpec
-from tiletune.tuner.measure.bench import KernelBench, TrialResult
+from tiletune.tuner.measure.bench import KernelBench
+from tiletune.tuner.measure.measurement import TrialResult
 
 logger = logging.getLogger(__name__)
 

@@ -51,13 +51,8 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import KernelSpec
-from tiletune.tuner.measure.bench import (
-    EXTRA_WARMUP_RUNS,
-    BenchSettings,
-    KernelBench,
-    Measurement,
-    TrialResult,
-)
+from tiletune.tuner.measure.bench import EXTRA_WARMUP_RUNS, BenchSettings, KernelBench
+from tiletune.tuner.measure.measurement import Measurement, TrialResult
 from tiletune.tuner.measure.trial_child import Call, Prepare, serve
 
 logger = logging.getLogger(__name__)

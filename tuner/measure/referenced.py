@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from tiletune.kernels.declaration import Config
-
-if TYPE_CHECKING:
-    from tiletune.tuner.measure.bench import Measurement
+from tiletune.tuner.measure.measurement import Measurement
 
 #: Times ``(config, default)`` interleaved in one run: their measurements, in that order.
-TimedWith = Callable[[Config, Config], "list[Measurement]"]
+TimedWith = Callable[[Config, Config], list[Measurement]]
 
 
 class DefaultReference:

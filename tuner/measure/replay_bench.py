@@ -26,7 +26,8 @@ from tiletune.kernels.device import ReplayDevice
 from tiletune.kernels.replay.declaration import REPLAY_KIND
 from tiletune.kernels.replay.recorded import RecordedFailureError
 from tiletune.kernels.replay.spec import NotRunnableError, ReplayKernelSpec
-from tiletune.tuner.measure.bench import KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import KernelBench
+from tiletune.tuner.measure.measurement import Measurement, TrialResult
 
 
 class ReplayBench(KernelBench):

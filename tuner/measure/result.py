@@ -13,7 +13,8 @@ from pydantic import ValidationError
 
 from tiletune.client.wire import Config, MeasurementWire, TrialOutcome, ValidatedConfig
 from tiletune.kernels.errors import InputError
-from tiletune.tuner.measure.bench import KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import KernelBench
+from tiletune.tuner.measure.measurement import Measurement, TrialResult
 
 
 def wire_measurement(measurement: Measurement) -> MeasurementWire:

@@ -25,8 +25,9 @@ from tiletune.client.chip import software_fingerprint
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.spec import KernelSpec
-from tiletune.tuner.measure.bench import BenchSettings, KernelBench, Measurement, TrialResult
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 from tiletune.tuner.measure.build_ahead import shared_build_ahead
+from tiletune.tuner.measure.measurement import Measurement, TrialResult
 from tiletune.tuner.measure.replay import ReplaySpace
 from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search, SearchSpace, TpeOptions

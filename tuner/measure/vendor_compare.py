@@ -14,8 +14,9 @@ import torch
 
 from tiletune.kernels.declaration import Config
 from tiletune.kernels.vendor import vendor_op
-from tiletune.tuner.measure.bench import KernelBench, Measurement, measure_interleaved
+from tiletune.tuner.measure.bench import KernelBench, measure_interleaved
 from tiletune.tuner.measure.check import output_mismatch
+from tiletune.tuner.measure.measurement import Measurement
 
 
 @dataclass(frozen=True)
