@@ -227,8 +227,10 @@ struct Group {
   StringIndex by_shape_key;
   ValueIndex by_values;
   bool all_by_values = false;
-  //! The knob names of by_values' packed rows (the kernel's knobs, else the first entry's).
+  //! The knob names of by_values' packed rows (the kernel's knobs, else the first entry's), and
+  //! the same as an answer's knobs (value 0): a hit copies them whole, no name copied by its size.
   std::vector<std::string> knob_names;
+  std::vector<Knob> knob_heads;
   //! The nearest scan's view (index_shapes): `shaped[e]` when entry e's shape has exactly the
   //! kernel's dims, then its values and their log2 (0 where not positive) at e * dims + the dim's
   //! place in the kernel's order; empty when the kernel's dims are not plain.

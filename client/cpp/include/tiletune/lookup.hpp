@@ -189,7 +189,12 @@ inline void State::exact(const KernelIndex* kernel, std::int64_t version, const 
   const std::int64_t* row = ordered ? g->by_values.find(dims, count) : nullptr;
   if (row != nullptr) {
     if (const std::int64_t* values = g->by_values.knobs(row)) {  // the answer from the row alone
-      for (std::size_t k = 0; k < g->knob_names.size(); ++k) answer.add(g->knob_names[k], values[k]);
+      const std::size_t knobs = g->knob_heads.size();
+      for (std::size_t k = 0; k < knobs; ++k) {
+        answer.knobs[k] = g->knob_heads[k];
+        answer.knobs[k].value = values[k];
+      }
+      answer.count = static_cast<std::uint8_t>(knobs);
       answer.match = Match::exact;
       return;
     }

@@ -116,7 +116,15 @@ inline void index_values(const KernelIndex& kernel, Group& g) {
   } else if (!g.entries.empty()) {
     for (const auto& knob : g.entries.front()->config) g.knob_names.push_back(knob.first);
   }
-  if (g.knob_names.size() > kMaxKnobs) g.knob_names.clear();
+  const bool long_name = std::any_of(g.knob_names.begin(), g.knob_names.end(),
+                                     [](const std::string& name) { return name.size() > kMaxName; });
+  if (g.knob_names.size() > kMaxKnobs || long_name) g.knob_names.clear();  // no packed rows then
+  for (const std::string& name : g.knob_names) {  // names of at most kMaxName: an answer's knobs
+    Knob head{};
+    std::memcpy(head.name, name.data(), name.size());
+    head.size = static_cast<std::uint8_t>(name.size());
+    g.knob_heads.push_back(head);
+  }
   std::vector<std::int64_t> values(dims.size()), knob_values(g.knob_names.size());
   std::string written;
   g.all_by_values = true;
