@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -17,6 +18,8 @@ from tiletune.tuner.measure.bench import (
     common_launches,
     measure,
     measure_interleaved,
+    settle,
+    time_launches_ms,
 )
 from tiletune.tuner.measure.check import output_mismatch
 from tiletune.tuner.measure.measurement import Measurement, median_rel_ci
@@ -80,13 +83,21 @@ def test_measure_prunes_configs_far_slower_than_the_best() -> None:
     assert not unpruned.pruned
 
 
-def test_interleaved_rotates_order_and_gives_each_the_same_samples() -> None:
+def test_interleaved_takes_every_callable_once_a_round_in_orders_that_vary() -> None:
     calls: list[str] = []
     fns = [lambda name=name: calls.append(name) for name in "ABC"]
-    settings = BenchSettings(warmup_runs=0, min_samples=4, max_samples=4, budget_s=0.0)
+    settings = BenchSettings(warmup_runs=0, min_samples=30, max_samples=30, budget_s=0.0)
     results = measure_interleaved(fns, ScriptedDevice([1.0]), settings)
-    assert [r.samples for r in results] == [4, 4, 4]
-    assert calls[:6] == ["A", "B", "C", "B", "C", "A"]
+    assert [r.samples for r in results] == [30, 30, 30]
+    rounds = ["".join(calls[i : i + 3]) for i in range(0, len(calls), 3)]
+    assert all(sorted(order) == ["A", "B", "C"] for order in rounds)
+    followed = {(before, after) for before, after in itertools.pairwise(calls) if before != after}
+    assert followed == {(a, b) for a in "ABC" for b in "ABC" if a != b}  # each after every other
+    again: list[str] = []
+    measure_interleaved(
+        [functools.partial(again.append, name) for name in "ABC"], ScriptedDevice([1.0]), settings
+    )
+    assert again == calls  # seeded: the same run, the same orders
 
 
 def test_interleaved_separates_a_real_slow_and_fast_callable() -> None:
@@ -120,12 +131,8 @@ def _spread_ms(m: Measurement) -> float:
 
 
 def test_what_ran_before_a_config_does_not_change_its_median_beyond_its_spread() -> None:
-    """A single-core native config right after itself and right after torch's multi-threaded op.
-
-    One interleaved run (A B C A B C ...): A follows C (the same config), C follows B (torch's op
-    on every core), so both copies of the config see the same machine and differ only in what
-    ran just before them.
-    """
+    """A single-core native config timed as an interleaved run times it (a settle step, one untimed
+    call, then the sample), right after itself and right after torch's op on every core."""
     from tiletune.kernels.registry import get_kernel
 
     spec = get_kernel("native_softmax")
@@ -141,10 +148,16 @@ def test_what_ran_before_a_config_does_not_change_its_median_beyond_its_spread()
     def multi_threaded() -> object:
         return torch.add(big_a, big_b)  # torch's OpenMP team on every core
 
-    settings = BenchSettings(min_samples=30, max_samples=300, budget_s=0.3)
-    after_itself, _, after_torch = measure_interleaved(
-        [candidate, multi_threaded, candidate], device, settings
-    )
+    settings = BenchSettings()
+    samples: dict[str, list[float]] = {"itself": [], "torch": []}
+    for _ in range(60):
+        for before, name in ((candidate, "itself"), (multi_threaded, "torch")):
+            time_launches_ms(before, device, 1)
+            settle(settings)
+            candidate()
+            samples[name].append(time_launches_ms(candidate, device, 4))
+    after_itself = Measurement.from_samples(samples["itself"], launches=4)
+    after_torch = Measurement.from_samples(samples["torch"], launches=4)
     tolerance = max(_spread_ms(after_itself), _spread_ms(after_torch), 0.05 * after_itself.median_ms)
     assert abs(after_torch.median_ms - after_itself.median_ms) <= tolerance, (after_itself, after_torch)
 

@@ -7,7 +7,7 @@ one sample of each) are summarised by :func:`interleaved_measurements`: each its
 min, and a spread *net of the run's drift*. On a shared machine a slow moment slows every config of
 a round alike; that common part says nothing about which config is faster, so it is taken out of
 the spread that the judge's margin is made of (:func:`~tiletune.tuner.search.finalists.clearly_faster`).
-On the 2-core VM this halves the margin of two configs' medians (rms_norm 256x512: the standard error
+On the 2-core VM this narrows the margin of two configs' medians (rms_norm 256x512: the standard error
 of their difference 0.4-0.75 % of the median, against about 1 % from the plain spreads), so a real 5 %
 gain is shown instead of lost in the noise.
 """
