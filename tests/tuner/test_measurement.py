@@ -54,9 +54,8 @@ def test_the_spread_of_independent_noise_is_kept_whatever_the_number_of_configs(
     rng = random.Random(1)
     for count in (2, 5):
         run = [[1.0 + 0.05 * rng.gauss(0, 1) for _ in range(4000)] for _ in range(count)]
-        for own, corrected in zip(
-            (Measurement.from_samples(s) for s in run), interleaved_measurements(run, [1] * count), strict=True
-        ):
+        plain = [Measurement.from_samples(samples) for samples in run]
+        for own, corrected in zip(plain, interleaved_measurements(run, [1] * count), strict=True):
             assert math.isclose(corrected.p90_ms - corrected.p10_ms, own.p90_ms - own.p10_ms, rel_tol=0.1)
 
 
