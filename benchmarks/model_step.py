@@ -16,7 +16,7 @@ the client prefetches every config of this chip before the timing.
 
 Per sequence length: an inference step (a forward under ``torch.no_grad``) and a training step
 (forward, cross-entropy, backward, AdamW) of each variant, timed round-robin in one run
-(``--repeats`` rounds, the order rotated each round; compilation excluded): median, p10, p90 ms;
+(``--repeats`` rounds, the order shuffled each round, seeded; compilation excluded): median, p10, p90 ms;
 the ratios (d)/(a), (c)/(d), (e)/(b); each operator's share of (d)'s step under
 ``torch.profiler`` (for a training step, per phase: each operator's forward and backward share);
 the config lookups' share of (d)'s step (calls per step × ns per call). The goals (d ≤ 0.90× a,

@@ -135,6 +135,7 @@ import tiletune
 import tiletune_example_gelu.operator
 from tiletune.kernels import launch
 
+torch.manual_seed(0)  # seeded: the same inputs every run, so a tolerance miss is reproducible
 x = torch.randn(3000, requires_grad=True)
 y = torch.ops.tiletune.gelu(x)
 torch.testing.assert_close(y, functional.gelu(x, approximate="tanh"), atol=1e-6, rtol=1e-5)

@@ -8,13 +8,16 @@ under a config source. Its two steps:
 - training: forward, next-token cross-entropy, backward, ``AdamW.step()``, ``zero_grad``.
 
 :func:`measure` warms every variant up (compiling the compiled ones, excluded from the times),
-then runs ``repeats`` rounds; each round times every variant's step once, in an order rotated
-from round to round, so drift on a shared machine is spread over all variants alike.
+then runs ``repeats`` rounds; each round times every variant's step once, in an order shuffled
+afresh each round (seeded, as :func:`~tiletune.tuner.measure.bench.measure_interleaved` does), so
+drift on a shared machine is spread over all variants alike and what ran just before a variant is
+any of the others alike (in a fixed rotation each variant always follows the same one).
 """
 
 from __future__ import annotations
 
 import copy
+import random
 import statistics
 import sys
 import time
@@ -31,6 +34,7 @@ import tiletune.nn
 from benchmarks.model.decoder import next_token_loss
 from tiletune.kernels.launcher import ConfigSource
 from tiletune.kernels.ops import using_source
+from tiletune.tuner.measure.bench import ORDER_SEED
 
 #: The step kinds, in the document's order.
 STEPS = ("inference", "training")
@@ -131,11 +135,12 @@ def _timed(variant: Variant, kind: str, tokens: Tensor) -> float:
 
 
 def measure(variants: list[Variant], tokens: Tensor, repeats: int) -> dict[str, dict[str, list[float]]]:
-    """ms per step, per variant and step kind, over ``repeats`` rotated rounds (see the module)."""
+    """ms per step, per variant and step kind, over ``repeats`` shuffled rounds (see the module)."""
     samples: dict[str, dict[str, list[float]]] = {v.name: {kind: [] for kind in STEPS} for v in variants}
+    order = list(variants)
+    shuffler = random.Random(ORDER_SEED)
     for round_index in range(repeats):
-        shift = round_index % len(variants)
-        order = variants[shift:] + variants[:shift]
+        shuffler.shuffle(order)
         for kind in STEPS:
             for variant in order:
                 samples[variant.name][kind].append(_timed(variant, kind, tokens))

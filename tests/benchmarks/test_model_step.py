@@ -12,7 +12,7 @@ import torch
 import tiletune.nn
 from benchmarks.model.costs import lookup_cost, operator_shares
 from benchmarks.model.decoder import DecoderShape, build_decoder, next_token_loss
-from benchmarks.model.steps import on_operators, spread
+from benchmarks.model.steps import STEPS, Variant, measure, on_operators, spread
 from benchmarks.model_step import goals
 from tiletune.client import ConfigClient
 from tiletune.kernels.defaults import client_settings
@@ -49,6 +49,33 @@ def test_the_same_seed_builds_the_same_weights() -> None:
     for mine, theirs in zip(first.parameters(), second.parameters(), strict=True):
         assert torch.equal(mine, theirs)
     assert not torch.equal(build_decoder(TINY, seed=4).head.weight, first.head.weight)
+
+
+def test_each_round_times_every_variant_once_in_a_shuffled_order() -> None:
+    calls: list[str] = []
+
+    def logged(name: str, model: torch.nn.Module) -> Variant:
+        def runner(ids: torch.Tensor) -> torch.Tensor:
+            calls.append(name)
+            out: torch.Tensor = model(ids)
+            return out
+
+        return Variant(name, name, model, runner)
+
+    variants = [logged(name, build_decoder(TINY)) for name in "abc"]
+    repeats = 6
+    samples = measure(variants, tokens(), repeats)
+    counts = {name: {kind: len(ms) for kind, ms in by_kind.items()} for name, by_kind in samples.items()}
+    assert counts == {name: dict.fromkeys(STEPS, repeats) for name in "abc"}
+    rounds = [calls[i : i + 3] for i in range(0, len(calls), 3)]  # each kind of each round: one call each
+    assert all(sorted(r) == ["a", "b", "c"] for r in rounds)
+    inference = rounds[::2]
+    assert len({tuple(r) for r in inference}) > 1  # not one order every round
+    followed = {name: {r[r.index(name) - 1] for r in inference if r.index(name) > 0} for name in "abc"}
+    assert any(len(before) == 2 for before in followed.values())  # a fixed rotation gives one each
+    first_run = list(calls)
+    measure(variants, tokens(), repeats)
+    assert calls[len(first_run) :] == first_run  # seeded: the same orders again
 
 
 def test_spread_reports_the_median_and_nearest_rank_percentiles() -> None:

@@ -83,6 +83,23 @@ def test_measure_prunes_configs_far_slower_than_the_best() -> None:
     assert not unpruned.pruned
 
 
+def test_a_slow_first_call_of_a_microsecond_kernel_prunes_nothing() -> None:
+    """One cold call (60 µs for a 20 µs softmax on the 2-core VM) is no evidence: the warm-up
+    goes on to samples of many launches, and only a run as long as a sample may prune."""
+    settings = BenchSettings(warmup_runs=1, min_samples=3, budget_s=10.0, target_rel_ci=0.01, prune_ratio=1.5)
+    # per run: one call 0.05 ms, then 20 calls in 0.2 ms, then 100 calls in 1 ms each
+    cold_first = ScriptedDevice([0.05, 0.2, *[1.0] * 20])
+    fast = measure(lambda: None, cold_first, settings, best_known_ms=0.01)
+    assert not fast.pruned
+    assert fast.median_ms == pytest.approx(0.01)
+    assert fast.launches_per_sample == 100
+    # 0.05 ms a call all along: pruned on the first run long enough to be a sample (20 calls, 1 ms)
+    slow = measure(lambda: None, ScriptedDevice([0.05, 1.0]), settings, best_known_ms=0.01)
+    assert slow.pruned
+    assert slow.median_ms == pytest.approx(0.05)
+    assert slow.samples == 1
+
+
 def test_interleaved_takes_every_callable_once_a_round_in_orders_that_vary() -> None:
     calls: list[str] = []
     fns = [lambda name=name: calls.append(name) for name in "ABC"]

@@ -141,21 +141,24 @@ def warm_up(
     fn: Callable[[], object], device: Device, settings: BenchSettings, flushing: bool, stop_ms: float
 ) -> tuple[int, list[float]]:
     """Timed warm-up runs: (launches per sample, each run's ms per call), stopping after one over
-    ``stop_ms``. Each run repeats the count the fastest before it suggests (``min_sample_ms``).
-    Past ``warmup_runs``, runs go on (at most ``EXTRA_WARMUP_RUNS`` more) until one lasted at least
-    half of ``min_sample_ms``: a slow first call (threads starting, pages faulting) must not leave a
-    microsecond kernel timed one or two launches at a time."""
+    ``stop_ms`` that lasted as long as a sample (see below). Each run repeats the count the fastest
+    before it suggests (``min_sample_ms``). Past ``warmup_runs``, runs go on (at most
+    ``EXTRA_WARMUP_RUNS`` more) until one lasted at least half of ``min_sample_ms``: a slow first
+    call (threads starting, pages faulting) must not leave a microsecond kernel timed one or two
+    launches at a time. For the same reason a run shorter than that never stops the warm-up over
+    ``stop_ms``: the first call of a 20 µs softmax took 60 µs and more, so a prune on it cut the
+    space's best configs out of a search (their time a third of the one recorded)."""
     launches, times_ms = 1, list[float]()
     limit = settings.warmup_runs + EXTRA_WARMUP_RUNS if settings.warmup_runs > 0 else 0
     while len(times_ms) < limit:
         timed = launches
         times_ms.append(time_launches_ms(fn, device, timed))
-        if times_ms[-1] > stop_ms:
+        long_enough = flushing or 2 * timed * times_ms[-1] >= settings.min_sample_ms
+        if times_ms[-1] > stop_ms and long_enough:
             break
         if not flushing and settings.min_sample_ms > 0:  # outliers only ever add time: the min
             wanted = math.ceil(settings.min_sample_ms / max(min(times_ms), 1e-9))
             launches = max(1, min(settings.max_launches, wanted))
-        long_enough = flushing or 2 * timed * times_ms[-1] >= settings.min_sample_ms
         if len(times_ms) >= settings.warmup_runs and long_enough:
             break
     return launches, times_ms
@@ -171,7 +174,8 @@ def measure(
 
     With ``best_known_ms``, a config that cannot win stops early (``pruned``):
     as soon as its fastest sample is over ``prune_ratio`` times the best, or a
-    warm-up run over twice that (warm-up runs may carry first-call costs).
+    warm-up run as long as a sample over twice that (warm-up runs may carry first-call
+    costs; :func:`warm_up`).
     """
     prune_ms = best_known_ms * settings.prune_ratio if best_known_ms and settings.prune_ratio else math.inf
     flush = CacheFlusher(device, settings.flush_bytes)
@@ -299,38 +303,29 @@ class KernelBench:
         return lambda: self.spec.run(self.inputs, config, self.shape, self.implementation)
 
     def check(self, config: Config) -> TrialResult | None:
-        """An invalid/failed result for ``config``, or None when it may be timed."""
-        return self._checked_run(config)[0]
-
-    def _checked_run(self, config: Config) -> tuple[TrialResult | None, float]:
-        """Constraint, one timed run checked against the reference: (rejection or None, run ms)."""
+        """An invalid/failed result for ``config``, or None when it may be timed: its constraint,
+        then one run (finished on the device) checked against the reference."""
         reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
         if reason is not None:
-            return TrialResult(config, invalid=reason), 0.0
+            return TrialResult(config, invalid=reason)
         outputs: list[KernelOutput] = []
         try:
-            run_ms = self.device.time_ms(
+            self.device.time_ms(
                 lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.implementation))
             )
         except Exception as error:  # a crashing config is a measurement, not a crash
-            return TrialResult(config, error=f"{type(error).__name__}: {error}"), 0.0
+            return TrialResult(config, error=f"{type(error).__name__}: {error}")
         mismatch = output_mismatch(outputs[0], self.expected, self.tolerance.atol, self.tolerance.rtol)
-        return (TrialResult(config, error=mismatch) if mismatch else None), run_ms
+        return TrialResult(config, error=mismatch) if mismatch else None
 
     def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
-        """Check then time ``config``; may stop early (``pruned``) if far slower than ``best_known_ms``.
-
-        The checked run doubles as the first warm-up: when it alone is over
-        twice ``prune_ratio`` times the best, the config is not timed further.
-        """
-        rejected, check_ms = self._checked_run(config)
+        """Check then time ``config``; may stop early (``pruned``) if far slower than ``best_known_ms``
+        (:func:`measure`). The checked run's time decides nothing: one cold call that allocates its
+        outputs (on the 2-core VM 3x and more a warm call of a microsecond kernel) would prune the
+        space's best configs, and the search would learn their region slow."""
+        rejected = self.check(config)
         if rejected is not None:
             return rejected
-        ratio = self.settings.prune_ratio
-        if best_known_ms is not None and ratio and check_ms > 2 * ratio * best_known_ms:
-            pruned = Measurement.from_samples([check_ms], pruned=True)
-            conditions = self.read_conditions() if self.read_conditions is not None else None
-            return TrialResult(config, measurement=dataclasses.replace(pruned, conditions=conditions))
         try:
             runner = self.runner(config)
             measurement = self.conditioned(
