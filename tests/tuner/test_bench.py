@@ -100,6 +100,22 @@ def test_a_slow_first_call_of_a_microsecond_kernel_prunes_nothing() -> None:
     assert slow.samples == 1
 
 
+def test_a_trials_checked_run_prunes_nothing() -> None:
+    """The checked run (one cold call that allocates the outputs) is not timed: the trial goes on to
+    its warm-up and samples. On the old rule its 0.1 ms, over twice 1.5x the best, pruned it."""
+    from tiletune.kernels.registry import get_kernel
+    from tiletune.tuner.measure.bench import KernelBench
+
+    settings = BenchSettings(warmup_runs=1, budget_s=10, prune_ratio=1.5, against_default=False)
+    # the timer's answers in turn: a one-call run 0.1 ms (cold), ten calls in 0.1 ms, then 1 ms a run
+    device = ScriptedDevice([0.1, 0.1, *[1.0] * 20])
+    bench = KernelBench(get_kernel("add"), {"n": 4096}, "float32", device, settings=settings)
+    result = bench.evaluate({"tile_size": 1024, "buffer_num": 2, "pipeline_depth": 2}, best_known_ms=0.01)
+    assert result.measurement is not None, result
+    assert not result.measurement.pruned
+    assert result.measurement.median_ms == pytest.approx(0.01)
+
+
 def test_interleaved_takes_every_callable_once_a_round_in_orders_that_vary() -> None:
     calls: list[str] = []
     fns = [lambda name=name: calls.append(name) for name in "ABC"]

@@ -34,7 +34,7 @@ from tiletune.kernels.conditions import (
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
-from tiletune.kernels.spec import KernelOutput, KernelSpec
+from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.check import output_mismatch
 from tiletune.tuner.measure.measurement import (
     Measurement,
@@ -308,14 +308,12 @@ class KernelBench:
         reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
         if reason is not None:
             return TrialResult(config, invalid=reason)
-        outputs: list[KernelOutput] = []
         try:
-            self.device.time_ms(
-                lambda: outputs.append(self.spec.run(self.inputs, config, self.shape, self.implementation))
-            )
+            output = self.spec.run(self.inputs, config, self.shape, self.implementation)
+            self.device.synchronize()  # a device's asynchronous error surfaces here, as this config's
         except Exception as error:  # a crashing config is a measurement, not a crash
             return TrialResult(config, error=f"{type(error).__name__}: {error}")
-        mismatch = output_mismatch(outputs[0], self.expected, self.tolerance.atol, self.tolerance.rtol)
+        mismatch = output_mismatch(output, self.expected, self.tolerance.atol, self.tolerance.rtol)
         return TrialResult(config, error=mismatch) if mismatch else None
 
     def evaluate(self, config: Config, best_known_ms: float | None = None) -> TrialResult:
