@@ -6,11 +6,12 @@ import functools
 import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import pytest
 import torch
 
+from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import CpuDevice, Device
 from tiletune.tuner.measure.bench import (
     SAMPLE_CAP,
@@ -114,6 +115,44 @@ def test_a_trials_checked_run_prunes_nothing() -> None:
     assert result.measurement is not None, result
     assert not result.measurement.pruned
     assert result.measurement.median_ms == pytest.approx(0.01)
+
+
+def test_a_validation_run_rotates_its_rounds_between_allocations_of_the_inputs() -> None:
+    """Round i of ``compare`` runs every config on allocation i mod 3 (the bench's own first), each
+    holding the same values, so a gain bound to one placement of the buffers shows as spread."""
+    from tiletune.kernels.registry import get_kernel
+    from tiletune.tuner.measure.bench import VALIDATION_INPUT_SETS, KernelBench
+
+    add = get_kernel("add")
+    seen: list[torch.Tensor] = []
+
+    class RecordingAdd(type(add)):  # type: ignore[misc]
+        def run(
+            self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
+        ) -> object:
+            seen.append(inputs[0])
+            return super().run(inputs, config, shape, backend)
+
+    settings = BenchSettings(warmup_runs=1, min_samples=6, budget_s=1e-6, against_default=False)
+    bench = KernelBench(RecordingAdd(), {"n": 4096}, "float32", CpuDevice(), settings=settings)
+    configs = [{"tile_size": t, "buffer_num": 2, "pipeline_depth": 2} for t in (256, 1024)]
+    medians = bench.compare(configs)
+    assert [m.samples for m in medians] == [6, 6]
+    pointers = [tensor.data_ptr() for tensor in seen]
+    in_turn = [p for i, p in enumerate(pointers) if i == 0 or p != pointers[i - 1]]
+    own = bench.inputs[0].data_ptr()
+    assert VALIDATION_INPUT_SETS == 3
+    assert len(set(in_turn)) == 3
+    assert in_turn[0] == own  # warm-ups and round 0 on the bench's own allocation
+    assert in_turn == in_turn[:3] * 2  # then round-robin, one allocation a round
+    assert all(torch.equal(tensor, bench.inputs[0]) for tensor in seen)
+
+
+def test_input_rotation_needs_an_allocation() -> None:
+    from tiletune.tuner.measure.bench import InputRotation
+
+    with pytest.raises(ValueError, match="at least one allocation"):
+        InputRotation([])
 
 
 def test_interleaved_takes_every_callable_once_a_round_in_orders_that_vary() -> None:
