@@ -101,9 +101,11 @@ def test_a_slow_first_call_of_a_microsecond_kernel_prunes_nothing() -> None:
     assert slow.samples == 1
 
 
-def test_a_trials_checked_run_prunes_nothing() -> None:
-    """The checked run (one cold call that allocates the outputs) is not timed: the trial goes on to
-    its warm-up and samples. On the old rule its 0.1 ms, over twice 1.5x the best, pruned it."""
+def test_a_trials_checked_run_is_not_timed_and_prunes_nothing() -> None:
+    """The checked run (one cold call that allocates the outputs) is run, not timed: the device's
+    timer answers the warm-up and the samples alone, and the cold one-call warm-up prunes nothing.
+    Had the checked run taken the first answer, the ten-call warm-up would read 1 ms (0.1 ms a
+    call, 10x the best) and prune the trial."""
     from tiletune.kernels.registry import get_kernel
     from tiletune.tuner.measure.bench import KernelBench
 
@@ -118,8 +120,9 @@ def test_a_trials_checked_run_prunes_nothing() -> None:
 
 
 def test_a_validation_run_rotates_its_rounds_between_allocations_of_the_inputs() -> None:
-    """Round i of ``compare`` runs every config on allocation i mod 3 (the bench's own first), each
-    holding the same values, so a gain bound to one placement of the buffers shows as spread."""
+    """Round i of ``compare`` runs every config on allocation i mod ``VALIDATION_INPUT_SETS`` (the
+    bench's own first), each holding the same values, so a gain bound to one placement of the
+    buffers shows as spread."""
     from tiletune.kernels.registry import get_kernel
     from tiletune.tuner.measure.bench import VALIDATION_INPUT_SETS, KernelBench
 
@@ -133,18 +136,18 @@ def test_a_validation_run_rotates_its_rounds_between_allocations_of_the_inputs()
             seen.append(inputs[0])
             return super().run(inputs, config, shape, backend)
 
-    settings = BenchSettings(warmup_runs=1, min_samples=6, budget_s=1e-6, against_default=False)
+    rounds = 2 * VALIDATION_INPUT_SETS
+    settings = BenchSettings(warmup_runs=1, min_samples=rounds, budget_s=1e-6, against_default=False)
     bench = KernelBench(RecordingAdd(), {"n": 4096}, "float32", CpuDevice(), settings=settings)
     configs = [{"tile_size": t, "buffer_num": 2, "pipeline_depth": 2} for t in (256, 1024)]
     medians = bench.compare(configs)
-    assert [m.samples for m in medians] == [6, 6]
+    assert [m.samples for m in medians] == [rounds, rounds]
     pointers = [tensor.data_ptr() for tensor in seen]
     in_turn = [p for i, p in enumerate(pointers) if i == 0 or p != pointers[i - 1]]
     own = bench.inputs[0].data_ptr()
-    assert VALIDATION_INPUT_SETS == 3
-    assert len(set(in_turn)) == 3
+    assert len(set(in_turn)) == VALIDATION_INPUT_SETS > 1
     assert in_turn[0] == own  # warm-ups and round 0 on the bench's own allocation
-    assert in_turn == in_turn[:3] * 2  # then round-robin, one allocation a round
+    assert in_turn == in_turn[:VALIDATION_INPUT_SETS] * 2  # then round-robin, one allocation a round
     assert all(torch.equal(tensor, bench.inputs[0]) for tensor in seen)
 
 

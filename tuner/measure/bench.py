@@ -74,11 +74,6 @@ class BenchSettings:
     ``against_default``: a search trial that was not pruned is timed again interleaved with the
     kernel's default, and reported in the default's units (:mod:`tiletune.tuner.measure.referenced`):
     the drift of a shared machine between trials cancels.
-
-    ``input_sets``: the rounds of an interleaved run of a kernel's configs
-    (:meth:`KernelBench.compare`) take their inputs from this many allocations in turn, each holding
-    the same values (:class:`InputRotation`). A gain that holds on one placement of the buffers and
-    not on another then shows as spread, which widens the judge's margin, instead of as a gain.
     """
 
     warmup_runs: int = 2
@@ -92,24 +87,19 @@ class BenchSettings:
     min_sample_ms: float = 1.0
     max_launches: int = 10_000
     against_default: bool = True
-    input_sets: int = 1
 
     def for_validation(self) -> BenchSettings:
         """The settings of a validation run (:meth:`KernelBench.compare`): three times the budget
         and room for 200 rounds, so the medians the judge compares are known to about a percent
-        on a noisy machine (its margin grows with their error: ``finalists.clearly_faster``), over
-        at least ``VALIDATION_INPUT_SETS`` allocations of the inputs."""
-        return dataclasses.replace(
-            self,
-            budget_s=3 * self.budget_s,
-            max_samples=max(self.max_samples, 200),
-            input_sets=max(self.input_sets, VALIDATION_INPUT_SETS),
-        )
+        on a noisy machine (its margin grows with their error: ``finalists.clearly_faster``)."""
+        return dataclasses.replace(self, budget_s=3 * self.budget_s, max_samples=max(self.max_samples, 200))
 
 
-#: Allocations of the inputs a validation run rotates between. On the 2-core VMs the ratio of the
-#: same two configs moved by 3-5 % between allocations of their inputs (rms_norm 256x512: 1.027-1.058
-#: in six, each within about 1 % in its own run), so a gain seen on one allocation promised nothing.
+#: Allocations of the inputs, each holding the same values, that a validation run's rounds take in
+#: turn (:meth:`KernelBench.compare`): a gain that one placement of the buffers gives and another
+#: does not then shows as spread, which widens the judge's margin, instead of as a gain. On the
+#: 2-core VM the ratio of the same two configs ranged 1.027-1.058 over six allocations of their
+#: inputs (rms_norm 256x512; softmax 256x512: 1.000-1.008).
 VALIDATION_INPUT_SETS = 3
 
 
@@ -391,10 +381,10 @@ class KernelBench:
 
     def compare(self, configs: Sequence[Config]) -> list[Measurement]:
         """Re-measure already-checked configs interleaved in one run (the validation run, with
-        :meth:`BenchSettings.for_validation`), its rounds rotating between ``input_sets``
+        :meth:`BenchSettings.for_validation`), its rounds rotating between ``VALIDATION_INPUT_SETS``
         allocations of the inputs; same order as given."""
         settings = self.settings.for_validation()
-        rotation = self.input_rotation(settings.input_sets)
+        rotation = self.input_rotation(VALIDATION_INPUT_SETS)
         runners = [self.rotated_runner(c, rotation) for c in configs]
         return self.conditioned(
             lambda: measure_interleaved(runners, self.device, settings, before_round=rotation.select)

@@ -41,7 +41,7 @@ class Timing(NamedTuple):
 #: A config must beat the other's median by at least this fraction, whatever the run's precision:
 #: the error of a median within one run does not cover what changes between runs (another moment's
 #: load), so a smaller gain is not promised to hold. The placement of the buffers is in the run's
-#: error since a validation run rotates between allocations of the inputs (``BenchSettings.input_sets``):
+#: error since a validation run rotates between allocations of the inputs (``VALIDATION_INPUT_SETS``):
 #: 3 % before: in runs 27-30 of ``benchmarks/tuning_quality.py --quick`` (64 keys in all) it kept the
 #: default four times where the exhaustive best was 2-7 % faster in every final run; at 2 % the same
 #: validation runs take those four (and one config the final runs did not time), nothing slower.
