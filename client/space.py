@@ -19,12 +19,17 @@ A knob's value rule, as data:
   - ``"pow2_ceil"``: ``cap = max(pow2_ceil(d), min(values))``, the smallest power of two
     covering the dim but never below the smallest candidate (Triton's blocks, which
     ``tl.arange`` needs as powers of two).
+
+One config stands beside the knobs' points: :data:`VENDOR_CONFIG`, the kernel's vendor
+implementation (torch's own op, untiled), which has no knobs. It is a point of every space whose
+kernel declares one (``KernelDeclaration.vendor``), measured and judged like the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 #: Bytes per element of each of the wire's dtype names (``tiletune.client.wire.DTYPES``).
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -35,6 +40,25 @@ CLAMP_MIN = "min"
 CLAMP_POW2_CEIL = "pow2_ceil"
 #: Every clamp rule, in the order they were introduced.
 CLAMP_RULES = (CLAMP_MIN, CLAMP_POW2_CEIL)
+#: The one entry of :data:`VENDOR_CONFIG`: a name no kernel may declare as a knob.
+VENDOR_KNOB = "vendor"
+#: The config of a kernel's vendor implementation (torch's own op): no knobs, the marker alone.
+#: A plain ``{name: int}`` so that every reader of configs (the wire, the databases, older clients,
+#: which refuse it as "not the kernel's knobs" and launch their default) takes it as it is.
+VENDOR_CONFIG: Mapping[str, int] = MappingProxyType({VENDOR_KNOB: 1})
+
+
+def is_vendor(config: object) -> bool:
+    """Whether ``config`` is :data:`VENDOR_CONFIG` (never raises, whatever it is given)."""
+    try:
+        return isinstance(config, Mapping) and len(config) == 1 and config.get(VENDOR_KNOB) == 1
+    except Exception:  # a mapping whose methods raise
+        return False
+
+
+def vendor_config() -> dict[str, int]:
+    """A fresh copy of :data:`VENDOR_CONFIG`, for callers that keep or change configs."""
+    return dict(VENDOR_CONFIG)
 
 
 def pow2_ceil(value: int) -> int:
@@ -105,6 +129,8 @@ class Knob:
     up_to: str | None = None
 
     def __post_init__(self) -> None:
+        if self.name == VENDOR_KNOB:
+            raise ValueError(f"knob {self.name}: the name is the vendor config's marker (VENDOR_KNOB)")
         if self.clamp not in CLAMP_RULES:
             raise ValueError(f"knob {self.name}: clamp {self.clamp!r} is not one of {list(CLAMP_RULES)}")
         if self.up_to is not None and self.up_to not in UP_TO_LIMITS:

@@ -17,7 +17,10 @@ implementation: a :class:`KernelDeclaration` declares, once,
   ``workspace_bytes``: the bytes of each tensor of a call and of what its bench holds besides,
   which bound the shapes a caller may name and a server may bench;
 - ``tolerances``: how close a run must come to the reference, per dtype;
-- ``build_knobs``: the knobs fixed at build time (a config is then a build), none by default.
+- ``build_knobs``: the knobs fixed at build time (a config is then a build), none by default;
+- ``has_vendor``: whether torch's own op is one of its implementations, a candidate like any
+  config (:data:`~tiletune.client.space.VENDOR_CONFIG`, no knobs): measured in the validation run
+  beside the tiled configs and chosen when none beats it (:mod:`tiletune.kernels.vendor` runs it).
 
 The torch half (inputs, reference, run, the backends built here) is
 :class:`tiletune.kernels.spec.KernelSpec`, which subclasses this one. A server imports only
@@ -38,7 +41,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from tiletune.client import space, wire
-from tiletune.client.space import DTYPE_BYTES, DeviceLimits, Dim, Knob
+from tiletune.client.space import DTYPE_BYTES, DeviceLimits, Dim, Knob, is_vendor, vendor_config
 from tiletune.kernels.errors import ConfigError, DTypeError, ShapeError
 
 Shape = dict[str, int]
@@ -190,6 +193,10 @@ class KernelDeclaration(ABC):
       shape (it may still be invalid on an unusually small chip).
     - ``implementations`` names every backend the kernel has, on any machine; a job may
       name one of them, and only a worker whose spec runs it leases that job.
+    - With ``has_vendor``, :data:`~tiletune.client.space.VENDOR_CONFIG` (torch's own op) is a
+      config of every shape: ``parse_config`` accepts it and :meth:`config_problem` finds none in
+      it (``invalid_reason``, which a kernel overrides for its tiles, never sees it). ``space``
+      lists the tiled configs alone: the search explores tiles; the vendor config is a finalist.
     - ``tensor_bytes`` names each tensor of one call (its inputs and its output)
       with its bytes; a shape is a key only if each holds at most
       :data:`MAX_TENSOR_BYTES` in :data:`WIDEST_DTYPE`. ``workspace_bytes`` names
@@ -217,6 +224,8 @@ class KernelDeclaration(ABC):
     #: build, :mod:`tiletune.kernels.build_cache`); the others are passed at run time. To the server,
     #: the search and the clients they are knobs like any other.
     build_knobs: tuple[str, ...] = ()
+    #: Whether torch's own op is one of the kernel's implementations (see the contract above).
+    has_vendor: bool = False
 
     # -- shapes and configs -------------------------------------------------
 
@@ -284,7 +293,9 @@ class KernelDeclaration(ABC):
         self, raw: Mapping[str, object], shape: Shape, limits: DeviceLimits | None = None
     ) -> Config:
         """Validate a config against the knob values for ``shape`` on a chip of ``limits``
-        (:meth:`knob_values`); canonical knob order."""
+        (:meth:`knob_values`); canonical knob order. With :attr:`has_vendor`, the vendor config too."""
+        if self.has_vendor and is_vendor(raw):
+            return vendor_config()
         names = [k.name for k in self.knobs]
         missing = [n for n in names if n not in raw]
         extra = [k for k in raw if k not in names]
@@ -349,6 +360,14 @@ class KernelDeclaration(ABC):
         if needed > limits.local_memory_bytes:
             return f"working set {needed} B exceeds local memory {limits.local_memory_bytes} B"
         return None
+
+    def config_problem(self, config: Config, shape: Shape, dtype: str, limits: DeviceLimits) -> str | None:
+        """Why a parsed ``config`` may not run on a chip with ``limits``, or None when it may: the
+        vendor config where the kernel has one, else :meth:`invalid_reason` (what callers outside
+        the declarations ask; a kernel overrides ``invalid_reason``, never this)."""
+        if is_vendor(config):
+            return None if self.has_vendor else f"{self.name} has no vendor implementation (torch's op)"
+        return self.invalid_reason(config, shape, dtype, limits)
 
     def space(self, shape: Shape, dtype: str, limits: DeviceLimits) -> list[Config]:
         """Every valid config for this shape, dtype and chip, in a stable order."""

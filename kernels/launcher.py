@@ -19,15 +19,18 @@ One call does what a hand-written launcher did with its tiling heuristic:
 4. the config is checked against the kernel's space and the constraints of
    the chip the tensors live on; when it is missing, malformed or invalid, or
    the client raised, the kernel's default config is used instead (logged once
-   per call key): a config never fails the caller;
-5. the kernel runs under it (``spec.run``).
+   per call key): a config never fails the caller. The vendor config (torch's
+   op) is one of the space's where torch has an op for the call;
+5. the kernel runs under it (:func:`~tiletune.kernels.vendor.run_config`: torch's
+   op for the vendor config, else ``spec.run``).
 
 Bad *inputs* (tensors that do not fit the kernel, an unknown dim, an
 unsupported dtype) still raise :class:`~tiletune.kernels.errors.InputError`
 naming the field: they are the caller's bug, not a tuning matter.
 
 :func:`select_config` is steps 1-4 alone, for callers that run their own
-implementation; :func:`tiled` wraps such an implementation as a decorator.
+implementation (they get a tiled config: the default where the answer is torch's op, unless
+they say they run it); :func:`tiled` wraps such an implementation as a decorator.
 
 Imports no client internals: a client is anything with a matching ``get``.
 """
@@ -42,12 +45,14 @@ from typing import Literal, Protocol, TypeVar
 
 import torch
 
+from tiletune.client.space import is_vendor
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.errors import InputError, ShapeError
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import DeviceLimits, KernelSpec, dtype_name, torch_dtype
+from tiletune.kernels.vendor import run_config, vendor_op
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +87,9 @@ class Selection:
 
     ``source`` is ``"client"`` when the client's config was valid and used,
     ``"default"`` when the kernel's default replaced it (``reason`` says why).
+    ``measured``: the config used is a measured answer, tuned for this key or a nearest one (the
+    client's ``match`` is not ``default``; a source whose answers carry no ``match`` counts as
+    measured); False for a kernel's rule, whoever gave it.
     """
 
     spec: KernelSpec
@@ -90,6 +98,7 @@ class Selection:
     config: Config
     source: Literal["client", "default"]
     reason: str | None = None
+    measured: bool = False
 
 
 def _spec(kernel: str | KernelSpec) -> KernelSpec:
@@ -136,12 +145,15 @@ _checks: dict[_CheckKey, tuple[Config, str | None]] = {}
 
 
 def _check(spec: KernelSpec, shape: Shape, dtype: str, limits: DeviceLimits, raw: ConfigItems) -> str | None:
-    """Why the client's config may not run here, or None when it may."""
+    """Why the client's config may not run here, or None when it may (the vendor config: where
+    torch has an op for the call on the chip's kind of device)."""
     try:
         config = spec.parse_config(dict(raw), shape, limits)
     except InputError as error:
         return str(error)
-    return spec.invalid_reason(config, shape, dtype, limits)
+    if is_vendor(config) and spec.has_vendor and vendor_op(spec, shape, limits.kind) is None:
+        return f"torch has no op for this call on {limits.kind}"
+    return spec.config_problem(config, shape, dtype, limits)
 
 
 def _checked(
@@ -175,12 +187,13 @@ def _checked(
     return result
 
 
-def _asked(client: ConfigSource, spec: KernelSpec, shape: Shape, dtype: str) -> ConfigItems:
-    """The client's config as hashable items; raises whatever the client or its answer raises."""
+def _asked(client: ConfigSource, spec: KernelSpec, shape: Shape, dtype: str) -> tuple[ConfigItems, bool]:
+    """The client's config as hashable items, and whether it is a measured answer (its ``match`` is
+    not ``default``); raises whatever the client or its answer raises."""
     answer = client.get(spec.name, shape, dtype=dtype)
     items = tuple(answer.config.items())
     hash(items)
-    return items
+    return items, getattr(answer, "match", None) != "default"
 
 
 def select_config(
@@ -189,10 +202,13 @@ def select_config(
     *tensors: torch.Tensor,
     client: ConfigSource | None,
     dtype: str | None = None,
+    runs_vendor: bool = False,
     **dims: int | bool,
 ) -> Selection:
     """Steps 1-4 of :func:`launch`: the shape, dtype and checked config of a call, without running it
-    (``client`` ``None``: the kernel's default rule)."""
+    (``client`` ``None``: the kernel's default rule). ``runs_vendor``: the caller runs the vendor
+    config (:func:`~tiletune.kernels.vendor.run_config`); otherwise an answer of torch's op is
+    replaced by the kernel's default, a tiled config."""
     spec = _spec(kernel)
     if not tensors:
         raise InputError("inputs", f"{spec.name} needs its input tensors")
@@ -202,14 +218,17 @@ def select_config(
     if client is None:  # no source configured: the kernel's own rule, as asked
         return Selection(spec, shape, call_dtype, spec.default_config(shape, call_dtype, limits), "default")
     try:
-        asked = _asked(client, spec, shape, call_dtype)
+        asked, measured = _asked(client, spec, shape, call_dtype)
     except Exception as error:  # a client that fails, or answers nonsense, never fails the launch
         logger.warning("%s: config lookup failed (%r); using the default", spec.name, error)
         default = spec.default_config(shape, call_dtype, limits)
         return Selection(spec, shape, call_dtype, default, "default", f"lookup failed: {error!r}")
     config, refusal = _checked(spec, shape, call_dtype, limits, asked)
+    if refusal is None and not runs_vendor and is_vendor(config):
+        refusal = "the answer is torch's op, which this caller does not run"
+        config = spec.default_config(shape, call_dtype, limits)
     source: Literal["client", "default"] = "client" if refusal is None else "default"
-    return Selection(spec, shape, call_dtype, dict(config), source, refusal)
+    return Selection(spec, shape, call_dtype, dict(config), source, refusal, measured and refusal is None)
 
 
 def launch(
@@ -242,9 +261,9 @@ def launch(
             f"{spec.name} has no operator with a backward, so its result would carry no gradient; "
             "run it under torch.no_grad() or on tensors that do not require grad",
         )
-    selection = select_config(spec, *tensors, client=client, dtype=dtype, **dims)
+    selection = select_config(spec, *tensors, client=client, dtype=dtype, runs_vendor=True, **dims)
     backend = preferred_backend(selection.spec, _device_kind(tensors))  # CPUs: native where built
-    output = selection.spec.run(tensors, selection.config, selection.shape, backend)
+    output = run_config(selection.spec, tensors, selection.config, selection.shape, backend)
     if not isinstance(output, torch.Tensor):  # a backward kernel: its operator's autograd runs it
         raise InputError(
             "kernel",

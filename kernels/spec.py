@@ -7,6 +7,7 @@ constraints, default rule, counts: torch-free, what the server plans with) plus 
 - ``run``: the implementation per backend, in which every knob changes execution;
 - ``backends``: the implementations this machine can run (of the declared ``implementations``);
 - ``supports``: whether ``run`` can run on a device kind here;
+- ``vendor``: torch's own op for a call, where the declaration says it has one (``has_vendor``);
 - ``shape_of``: the shape of a call read from its tensors, which
   :func:`tiletune.kernels.launcher` needs (optional for plugins that are only tuned).
 
@@ -19,7 +20,7 @@ kernels exactly like built-ins (``examples/gelu_plugin``).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -58,6 +59,9 @@ def dtype_name(dtype: torch.dtype) -> str:
 #: What a kernel's ``run`` and ``reference`` return: one tensor, or several (a backward kernel's
 #: gradients, in the order its declaration names them); a bench checks each against the reference's.
 KernelOutput = torch.Tensor | tuple[torch.Tensor, ...]
+#: torch's own op for one call shape (:meth:`KernelSpec.vendor`): the kernel's inputs in, what its
+#: ``run`` returns out.
+VendorOp = Callable[[Sequence[torch.Tensor]], KernelOutput]
 
 
 def widened(tensor: torch.Tensor) -> torch.Tensor:
@@ -138,6 +142,13 @@ class KernelSpec(KernelDeclaration):
         """The implementations ``run`` accepts here, of the declared ``implementations``
         (the portable one, ``"torch"``, by default)."""
         return (PORTABLE_BACKEND,)
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """torch's own op for calls of ``shape`` on a ``device_kind`` device: a callable on the inputs
+        ``run`` takes, returning what ``run`` returns (the vendor config's implementation,
+        :mod:`tiletune.kernels.vendor`); None where there is none (the default). A kernel that
+        declares ``has_vendor`` overrides it."""
+        return None
 
     def supports(self, device_kind: str) -> bool:
         """Whether ``run`` can run on a device of ``device_kind`` (``cpu``, ``cuda``, ``npu``) here.

@@ -8,11 +8,13 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
 - ``ask`` is idempotent per lease: the trials the lease holds and the worker does not say it
   is ``holding`` come back first (a lost answer is asked again), then new valid configs as
   trials (rows ``asked``); when the search is done it hands one lease the final validation
-  (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default and the key's
-  current best), to be measured interleaved;
+  (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default, the key's
+  current best and torch's op where the kernel has one: :func:`vendor_finalist`), to be measured
+  interleaved;
 - ``tell`` is idempotent per trial: a repeated outcome is counted once;
-- ``complete`` promotes a config only when it beats the default (else the default is the
-  answer), then the key's current best, beyond that same run's spread
+- ``complete`` promotes a config only when it beats torch's op and the default (else the one of
+  them that ran is the answer, torch's op first), then the key's current best, beyond that same
+  run's spread
   (:func:`tiletune.tuner.search.finalists.judge`), then ends the job; a kept best measured
   with older software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
@@ -34,6 +36,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from tiletune.client.space import vendor_config
 from tiletune.client.wire import (
     MAX_ASK,
     AskPhase,
@@ -54,6 +57,8 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
+from tiletune.kernels import get_declaration
+from tiletune.kernels.errors import UnknownKernelError
 from tiletune.service import configs, failpoints, fleet, jobs, lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, Winner
@@ -76,6 +81,17 @@ from tiletune.service.views import job_public, worker_public
 from tiletune.service.warm_start import warm_start_configs
 from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search
+
+
+def vendor_finalist(kernel: str) -> Config | None:
+    """The vendor config (torch's op) where ``kernel`` declares one: a finalist of its jobs'
+    validation runs and the judge's baseline there (a worker that cannot run it reports it failed,
+    and the default is the baseline again); None otherwise, or for a kernel no longer declared."""
+    try:
+        declaration = get_declaration(kernel)
+    except UnknownKernelError:
+        return None
+    return vendor_config() if declaration.has_vendor else None
 
 
 class WorkerProtocol:
@@ -270,7 +286,8 @@ class WorkerProtocol:
         """The configs of the job's validation run (see :func:`tiletune.tuner.search.finalists.finalists`)."""
         top = [config for config, _ in self._search(session, job).best(job.validate_top)]
         best = configs.best_row(session, JobKey.of(job))
-        return finalists(top, job.default_config, best.config if best is not None else None)
+        incumbent = best.config if best is not None else None
+        return finalists(top, job.default_config, incumbent, vendor_finalist(job.kernel))
 
     # -- tell -------------------------------------------------------------------------------
 
@@ -326,6 +343,7 @@ class WorkerProtocol:
                 [Timing(row.config, ms, row.p90_ms, row.p10_ms, row.samples) for row, ms in measured],
                 job.default_config,
                 incumbent.config if incumbent is not None else None,
+                vendor_finalist(job.kernel),
             )
             if verdict is None:
                 self.queue.end(session, lease, job, "validation: no config ran correctly", failed=True)

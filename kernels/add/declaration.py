@@ -40,6 +40,7 @@ class AddDeclaration(KernelDeclaration):
     """Elementwise ``a + b`` tiled over one dim."""
 
     name = "add"
+    has_vendor = True
     version = 1
     description = "elementwise a + b over n elements (the Ascend C hello-world)"
     dims = (Dim("n", "number of elements"),)

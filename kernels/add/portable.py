@@ -10,13 +10,14 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.kernels.add import vendor
 from tiletune.kernels.add.declaration import AddDeclaration
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype, widened
+from tiletune.kernels.spec import KernelSpec, VendorOp, expect_inputs, torch_dtype, widened
 
 
 class AddSpec(AddDeclaration, KernelSpec):
@@ -41,6 +42,10 @@ class AddSpec(AddDeclaration, KernelSpec):
         generator = torch.Generator().manual_seed(seed)
         a, b = torch.randn((2, shape["n"]), generator=generator).to(device, torch_dtype(dtype)).unbind(0)
         return a.contiguous(), b.contiguous()
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """``torch.add`` (:mod:`tiletune.kernels.add.vendor`)."""
+        return vendor.add(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """``a + b`` in float32 (float64 for float64)."""

@@ -34,6 +34,8 @@ class CompiledMatmulDeclaration(NativeDeclaration, MatmulDeclaration):
     """``compiled_matmul``: output tiles over ``block_dim`` threads, tiles fixed at build time."""
 
     name = "compiled_matmul"
+    #: Its configs are builds (build-ahead, the build cache): torch's op is not among them yet.
+    has_vendor = False
     version = 1
     description = "C = A @ B, CPU: tile_m x tile_n x tile_k fixed at build time (a build per config)"
     portable = MatmulDeclaration

@@ -109,6 +109,7 @@ class FusedAttentionDeclaration(KernelDeclaration):
     """Tiled attention forward with online softmax over kv blocks."""
 
     name = "fused_attention"
+    has_vendor = True
     backward_kernel = "fused_attention_backward"
     version = 2
     description = "attention forward, FlashAttention-2 style: q blocks x kv blocks with online softmax"

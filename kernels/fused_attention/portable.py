@@ -20,13 +20,13 @@ import torch
 
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.errors import ShapeError
-from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention import formula, vendor
 from tiletune.kernels.fused_attention.declaration import CAUSAL_BOTTOM_RIGHT, FusedAttentionDeclaration
 from tiletune.kernels.fused_attention.tiles import LOG2_E, CausalMask, OnlineSoftmax, attention_steps
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype
+from tiletune.kernels.spec import KernelSpec, VendorOp, expect_inputs, expect_ndim, expect_size, torch_dtype
 
 AttentionOutputs = tuple[torch.Tensor, torch.Tensor]
 """``(out [batch, heads, seq_q, head_dim], lse [batch, heads, seq_q] float32)``."""
@@ -90,6 +90,10 @@ class FusedAttentionSpec(FusedAttentionDeclaration, KernelSpec):
             hidden = torch.rand((b, 1, 1, skv), generator=generator) < 0.1
             tensors.append(bias.masked_fill(hidden, float("-inf")))
         return tuple(t.to(device, torch_dtype(dtype)) for t in tensors)
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """torch's fused attention on CPUs (:mod:`tiletune.kernels.fused_attention.vendor`)."""
+        return vendor.output(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """The explicit formula (:func:`~tiletune.kernels.fused_attention.formula.attention`) in float32

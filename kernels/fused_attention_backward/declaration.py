@@ -99,6 +99,7 @@ class FusedAttentionBackwardDeclaration(KernelDeclaration):
     forward's."""
 
     name = "fused_attention_backward"
+    has_vendor = True
     version = 1
     description = (
         "attention backward, FlashAttention-2 style: a dk/dv pass over kv blocks and a dq pass over q "

@@ -24,13 +24,13 @@ from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.fused_attention import formula as forward_formula
 from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.fused_attention.portable import SPEC as FORWARD
-from tiletune.kernels.fused_attention_backward import formula
+from tiletune.kernels.fused_attention_backward import formula, vendor
 from tiletune.kernels.fused_attention_backward.declaration import FusedAttentionBackwardDeclaration
 from tiletune.kernels.fused_attention_backward.passes import Gradients, tiled_gradients
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends
 from tiletune.kernels.pipeline import require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size
+from tiletune.kernels.spec import KernelSpec, VendorOp, expect_inputs, expect_ndim, expect_size
 
 #: The inputs' names, in ``run``'s order (``mask`` only with ``mask=1``).
 INPUT_NAMES = ("q", "k", "v", "out", "lse", "grad_out", "mask")
@@ -79,6 +79,11 @@ class FusedAttentionBackwardSpec(FusedAttentionBackwardDeclaration, KernelSpec):
         generator = torch.Generator().manual_seed(seed * 1_000_003 + 17)
         grad_out = torch.randn(tuple(q.shape), generator=generator).to(device, q.dtype)
         return (q, k, v, out.to(q.dtype), lse.float(), grad_out, *mask)
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """torch's fused attention backward on CPUs
+        (:mod:`tiletune.kernels.fused_attention_backward.vendor`)."""
+        return vendor.gradients_only(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> Gradients:
         """``(dq, dk, dv)`` by the formula (:func:`~tiletune.kernels.fused_attention_backward.formula.

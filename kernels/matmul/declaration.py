@@ -55,6 +55,7 @@ class MatmulDeclaration(KernelDeclaration):
     """Tiled GEMM with a k loop per output tile."""
 
     name = "matmul"
+    has_vendor = True
     version = 2
     description = "C = A @ B with A m x k and B k x n, float32 accumulation"
     dims = (

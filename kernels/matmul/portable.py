@@ -16,11 +16,20 @@ from collections.abc import Sequence
 import torch
 
 from tiletune.kernels.declaration import Config, Shape
+from tiletune.kernels.matmul import vendor
 from tiletune.kernels.matmul.declaration import MatmulDeclaration
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.spec import KernelSpec, expect_inputs, expect_ndim, expect_size, torch_dtype, widened
+from tiletune.kernels.spec import (
+    KernelSpec,
+    VendorOp,
+    expect_inputs,
+    expect_ndim,
+    expect_size,
+    torch_dtype,
+    widened,
+)
 
 
 def layout(t: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -83,6 +92,10 @@ class MatmulSpec(MatmulDeclaration, KernelSpec):
         b = torch.randn((shape["k"], shape["n"]), generator=generator) * scale
         a, b = (t.to(device, torch_dtype(dtype)) for t in (a, b))
         return _as_layout(a, shape.get("a_transposed", 0)), _as_layout(b, shape.get("b_transposed", 0))
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """``torch.matmul`` (:mod:`tiletune.kernels.matmul.vendor`)."""
+        return vendor.matmul(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """``A @ B`` in float32 (float64 for float64)."""

@@ -153,12 +153,15 @@ def _fused_attention_setup(
     q, k, v, mask = inputs
     ctx.save_for_backward(q, k, v, mask, *output)
     ctx.causal, ctx.scale = keyword_only_inputs["causal"], keyword_only_inputs["scale"]
+    ctx.set_materialize_grads(False)  # an unused lse's gradient stays None, not zeros
 
 
 def _fused_attention_backward(
-    ctx: Any, grad: Tensor, grad_lse: Tensor | None
+    ctx: Any, grad: Tensor | None, grad_lse: Tensor | None
 ) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
     q, k, v, mask, out, lse = ctx.saved_tensors
+    if grad is None:  # only lse was used (gradients are not materialised: see the setup)
+        grad = torch.zeros_like(out)
     if mask is not None and ctx.needs_input_grad[3]:  # a mask that learns: the formula gives its gradient
         saved = AttentionSaved(q, k, v, mask, out, lse, ctx.causal, ctx.scale)
         return attention_backward(saved, grad, grad_lse, mask_grad=True)

@@ -1,6 +1,12 @@
 """What an operator call runs: the kernel's implementation for the tensors' device, under the config
 the current source gives for the call's shape.
 
+- The answer may be torch's own op (the vendor config): it runs with nothing added beyond the
+  lookup. A call whose key has no measured answer (no source, a ``default`` match, a refused
+  config) runs torch's op too wherever the kernel has one for the call
+  (:func:`~tiletune.kernels.vendor.untuned_runs_vendor`): an untuned model is never slower than
+  torch. The kernel's rule runs only where torch has no op (or for a plugin without one).
+
 - CPU: the portable kernel's spec, run by its ``native`` implementation where the extension is
   built here (else the tiled PyTorch pipeline); its key is the kernel's own name.
 - ``fused_attention`` gives ``(out, lse)`` (:func:`run_attention`): its spec's ``attend``; its
@@ -22,12 +28,16 @@ from collections.abc import Sequence
 
 import torch
 
+from tiletune.client.space import is_vendor
+from tiletune.kernels import vendor
 from tiletune.kernels.fused_attention import formula
+from tiletune.kernels.fused_attention import vendor as attention_vendor
 from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.fused_attention.portable import FusedAttentionSpec
+from tiletune.kernels.fused_attention_backward import vendor as attention_backward_vendor
 from tiletune.kernels.fused_attention_backward.formula import attention_backward
 from tiletune.kernels.fused_attention_backward.portable import FusedAttentionBackwardSpec
-from tiletune.kernels.launcher import select_config
+from tiletune.kernels.launcher import Selection, select_config
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops.source import current_source
 from tiletune.kernels.registry import all_kernels, get_kernel
@@ -59,6 +69,14 @@ def _prepared(
     return inputs, implementation(kernel, inputs[0].device.type)
 
 
+def runs_vendor(selection: Selection, device_kind: str) -> bool:
+    """Whether a call runs torch's op: the answer is the vendor config, or there is no measured
+    answer and torch has an op for the call (:func:`~tiletune.kernels.vendor.untuned_runs_vendor`)."""
+    if is_vendor(selection.config):
+        return True
+    return not selection.measured and vendor.untuned_runs_vendor(selection.spec, selection.shape, device_kind)
+
+
 def contiguous(output: KernelOutput) -> KernelOutput:
     """A kernel's output (one tensor or several) with every tensor contiguous."""
     if isinstance(output, tuple):
@@ -76,7 +94,11 @@ def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool)
         shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
         return contiguous(spec.reference(inputs, shape))
     spec, backend = runner
-    selection = select_config(spec, *inputs, client=current_source(), dtype=None, **dims)
+    selection = select_config(spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, **dims)
+    if runs_vendor(selection, inputs[0].device.type):
+        op = vendor.vendor_op(spec, selection.shape, inputs[0].device.type)
+        assert op is not None  # the launcher refuses a vendor answer torch has no op for
+        return contiguous(op(inputs))
     return contiguous(spec.run(inputs, selection.config, selection.shape, backend))
 
 
@@ -110,8 +132,15 @@ def run_attention(
     spec, backend = runner
     if not isinstance(spec, FusedAttentionSpec):
         raise TypeError(f"{spec.name} is not an attention spec")
-    selection = select_config(spec, *inputs, client=current_source(), dtype=None, causal=causal)
-    out, lse = spec.attend(inputs, selection.config, selection.shape, backend, scale)
+    selection = select_config(
+        spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, causal=causal
+    )
+    if runs_vendor(selection, inputs[0].device.type):
+        attend = attention_vendor.attention(selection.shape, inputs[0].device.type)
+        assert attend is not None  # as the kernel's vendor op, which runs_vendor found
+        out, lse = attend(inputs, scale)
+    else:
+        out, lse = spec.attend(inputs, selection.config, selection.shape, backend, scale)
     return out.contiguous(), lse.contiguous()
 
 
@@ -131,6 +160,13 @@ def run_attention_backward(
     if not isinstance(spec, FusedAttentionBackwardSpec):
         raise TypeError(f"{spec.name} is not an attention backward spec")
     dtype = dtype_name(saved.q.dtype)
-    selection = select_config(spec, *inputs, client=current_source(), dtype=dtype, causal=saved.causal)
-    dq, dk, dv = spec.gradients(inputs, selection.config, selection.shape, backend, saved.scale, grad_lse)
+    selection = select_config(
+        spec, *inputs, client=current_source(), dtype=dtype, runs_vendor=grad_lse is None, causal=saved.causal
+    )
+    if grad_lse is None and runs_vendor(selection, saved.q.device.type):
+        backward = attention_backward_vendor.gradients(selection.shape, saved.q.device.type)
+        assert backward is not None  # as the kernel's vendor op, which runs_vendor found
+        dq, dk, dv = backward(inputs, saved.scale)
+    else:  # torch's backward takes no gradient of lse: the tiled kernel does
+        dq, dk, dv = spec.gradients(inputs, selection.config, selection.shape, backend, saved.scale, grad_lse)
     return dq.contiguous(), dk.contiguous(), dv.contiguous()

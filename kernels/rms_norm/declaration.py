@@ -17,11 +17,15 @@ from tiletune.kernels.declaration import FLOAT32_BYTES, Config, Shape, element_s
 from tiletune.kernels.native.space import NativeDeclaration, with_block_dim
 from tiletune.kernels.softmax.declaration import RowKernelDeclaration, TritonRowDeclaration, row_tiles
 
+#: The epsilon under the root (the operator's: ``torch.ops.tiletune.rms_norm``).
+EPS = 1e-6
+
 
 class RmsNormDeclaration(RowKernelDeclaration):
     """RMS normalisation of each row, scaled by a weight vector of length ``cols``."""
 
     name = "rms_norm"
+    has_vendor = True
     backward_kernel = "rms_norm_backward"
     version = 1
     description = "y = x / sqrt(mean(x^2) + 1e-6) * w over each row of a rows x cols matrix"

@@ -23,11 +23,10 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.rms_norm.declaration import RmsNormDeclaration
+from tiletune.kernels.rms_norm import vendor
+from tiletune.kernels.rms_norm.declaration import EPS, RmsNormDeclaration
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, row_plan
-from tiletune.kernels.spec import expect_ndim, expect_size, widened
-
-EPS = 1e-6
+from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size, widened
 
 
 def _accumulate_squares(tile: torch.Tensor, squares: torch.Tensor, block: torch.Tensor, first: bool) -> None:
@@ -61,6 +60,10 @@ class RmsNormSpec(RmsNormDeclaration, RowKernelSpec):
         generator = torch.Generator().manual_seed(seed + 1)
         w = torch.rand(shape["cols"], generator=generator) + 0.5
         return x, w.to(device, x.dtype)
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp:
+        """``F.rms_norm`` (:mod:`tiletune.kernels.rms_norm.vendor`)."""
+        return vendor.rms_norm(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """The formula, in float32 (float64 for float64)."""

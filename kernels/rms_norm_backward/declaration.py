@@ -36,6 +36,7 @@ class RmsNormBackwardDeclaration(RowKernelDeclaration):
     """The gradients ``(dx, dw)`` of ``rms_norm`` for the output's gradient ``grad``."""
 
     name = "rms_norm_backward"
+    has_vendor = True
     version = 1
     description = (
         "rms_norm's gradients (dx, dw) over each row of a rows x cols matrix (two row statistics; "

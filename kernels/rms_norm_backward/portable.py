@@ -32,9 +32,10 @@ from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_twin
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.rms_norm_backward import vendor
 from tiletune.kernels.rms_norm_backward.declaration import RmsNormBackwardDeclaration
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, RowStep, row_plan
-from tiletune.kernels.spec import expect_ndim, expect_size, widened
+from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size, widened
 
 #: The gradients, in the order ``run`` and ``reference`` return them.
 OUTPUT_NAMES = ("dx", "dw")
@@ -132,6 +133,11 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
         w = torch.rand(shape["cols"], generator=torch.Generator().manual_seed(seed + 1)) + 0.5
         grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 2))
         return x, w.to(device, x.dtype), grad.to(device, x.dtype)
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """The gradients autograd computes for ``F.rms_norm``
+        (:mod:`tiletune.kernels.rms_norm_backward.vendor`)."""
+        return vendor.rms_norm_backward(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
         """``(dx, dw)`` by the formula (:func:`gradients`), in float32 (float64 for float64)."""

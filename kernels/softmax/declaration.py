@@ -126,6 +126,7 @@ class SoftmaxDeclaration(RowKernelDeclaration):
     """Softmax over each row, with online softmax across column tiles."""
 
     name = "softmax"
+    has_vendor = True
     backward_kernel = "softmax_backward"
     version = 1
     description = "softmax over the last dim of a rows x cols matrix (online across column tiles)"

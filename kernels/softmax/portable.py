@@ -24,8 +24,9 @@ from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_backends, run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
+from tiletune.kernels.softmax import vendor
 from tiletune.kernels.softmax.declaration import RowKernelDeclaration, SoftmaxDeclaration
-from tiletune.kernels.spec import KernelSpec, expect_inputs, torch_dtype, widened
+from tiletune.kernels.spec import KernelSpec, VendorOp, expect_inputs, torch_dtype, widened
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,10 @@ class RowBuffers:
 
 class SoftmaxSpec(SoftmaxDeclaration, RowKernelSpec):
     """Softmax over each row, with online softmax across column tiles."""
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """``torch.softmax`` (:mod:`tiletune.kernels.softmax.vendor`)."""
+        return vendor.softmax(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """``torch.softmax`` in float32 (float64 for float64)."""

@@ -44,6 +44,7 @@ class SoftmaxBackwardDeclaration(RowKernelDeclaration):
     """``dx = y * (g - sum(g * y))`` over each row, two passes across column tiles."""
 
     name = "softmax_backward"
+    has_vendor = True
     version = 1
     description = (
         "softmax's gradient dx = y * (g - sum(g * y)) over the last dim of rows x cols, "

@@ -26,8 +26,9 @@ from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import run_native
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, row_plan
+from tiletune.kernels.softmax_backward import vendor
 from tiletune.kernels.softmax_backward.declaration import SoftmaxBackwardDeclaration
-from tiletune.kernels.spec import expect_inputs, torch_dtype, widened
+from tiletune.kernels.spec import VendorOp, expect_inputs, torch_dtype, widened
 
 
 def softmax_gradient(y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
@@ -71,6 +72,10 @@ class SoftmaxBackwardSpec(SoftmaxBackwardDeclaration, RowKernelSpec):
         y = torch.softmax(torch.randn((shape["rows"], shape["cols"]), generator=generator), -1)
         grad = torch.randn((shape["rows"], shape["cols"]), generator=generator)
         return y.to(device, torch_dtype(dtype)), grad.to(device, torch_dtype(dtype))
+
+    def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
+        """torch's softmax backward (:mod:`tiletune.kernels.softmax_backward.vendor`)."""
+        return vendor.softmax_backward(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
         """The formula in float32 (float64 for float64), shaped like ``y``."""

@@ -35,6 +35,7 @@ from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.spec import KernelSpec
+from tiletune.kernels.vendor import run_config
 from tiletune.tuner.measure.check import output_mismatch
 from tiletune.tuner.measure.measurement import (
     Measurement,
@@ -306,7 +307,8 @@ class KernelBench:
     """Measures configs of one kernel for one shape and dtype on one device.
 
     Inputs and the reference output are built once, on construction. Every
-    ``evaluate`` checks the config's constraint, then its output, then times it.
+    ``evaluate`` checks the config's constraint, then its output, then times it. The vendor config
+    (torch's op, where the kernel has one) is a config like the others (:func:`run_config`).
     ``backend`` is the implementation ``spec.run`` uses (default: :func:`preferred_backend`,
     i.e. ``native`` on CPUs where the kernel has it, else the spec's first).
     """
@@ -332,11 +334,11 @@ class KernelBench:
 
     def runner(self, config: Config) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on the prepared inputs."""
-        return lambda: self.spec.run(self.inputs, config, self.shape, self.implementation)
+        return lambda: run_config(self.spec, self.inputs, config, self.shape, self.implementation)
 
     def rotated_runner(self, config: Config, rotation: InputRotation) -> Callable[[], object]:
         """A no-argument callable that runs ``config`` on ``rotation``'s current allocation."""
-        return lambda: self.spec.run(rotation.current, config, self.shape, self.implementation)
+        return lambda: run_config(self.spec, rotation.current, config, self.shape, self.implementation)
 
     def input_rotation(self, allocations: int) -> InputRotation:
         """The bench's inputs and ``allocations - 1`` more allocations of the same values."""
@@ -349,11 +351,11 @@ class KernelBench:
     def check(self, config: Config) -> TrialResult | None:
         """An invalid/failed result for ``config``, or None when it may be timed: its constraint,
         then one run (finished on the device) checked against the reference."""
-        reason = self.spec.invalid_reason(config, self.shape, self.dtype, self.device.chip.limits)
+        reason = self.spec.config_problem(config, self.shape, self.dtype, self.device.chip.limits)
         if reason is not None:
             return TrialResult(config, invalid=reason)
         try:
-            output = self.spec.run(self.inputs, config, self.shape, self.implementation)
+            output = run_config(self.spec, self.inputs, config, self.shape, self.implementation)
             self.device.synchronize()  # a device's asynchronous error surfaces here, as this config's
         except Exception as error:  # a crashing config is a measurement, not a crash
             return TrialResult(config, error=f"{type(error).__name__}: {error}")

@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tiletune.client.space import DeviceLimits
+from tiletune.client.space import DeviceLimits, is_vendor
 from tiletune.kernels.build_cache import BuiltPerConfig, build_root
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.errors import InputError
@@ -224,8 +224,8 @@ class BuildAhead:
             config = spec.parse_config(raw, shape, limits)
         except InputError:
             return None
-        if spec.invalid_reason(config, shape, dtype, limits) is not None:
-            return None
+        if is_vendor(config) or spec.config_problem(config, shape, dtype, limits) is not None:
+            return None  # torch's op is no build
         return config
 
 

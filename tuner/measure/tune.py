@@ -4,10 +4,11 @@
 with a :class:`~tiletune.tuner.measure.bench.KernelBench`: the default config is the
 first trial, invalid configs are never run, every measured config is checked
 against the reference first. When the search stops (trial budget, time budget
-or convergence), the top few configs and the default are re-measured
-interleaved in one run; the fastest of those that beats the default beyond that
-run's spread is the answer, else the default, so the best config is never slower
-than the default (the policy is :mod:`tiletune.tuner.search.finalists`', the
+or convergence), the top few configs, the default and torch's own op (the vendor
+config, where the kernel has one) are re-measured interleaved in one run; the fastest
+of those that beats torch's op and the default beyond that run's spread is the answer,
+else torch's op (else the default), so the best config is never slower than either
+(the policy is :mod:`tiletune.tuner.search.finalists`', the
 server's too). A kernel whose configs are builds has each config built before it is checked and
 timed, and the search asks a few trials ahead so they build while one is measured
 (:mod:`tiletune.tuner.measure.build_ahead`).
@@ -22,6 +23,7 @@ from functools import partial
 from typing import Any
 
 from tiletune.client.chip import software_fingerprint
+from tiletune.client.space import is_vendor, vendor_config
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.spec import KernelSpec
@@ -89,11 +91,23 @@ class TuneReport:
     wall_s: float
     trace: list[TracePoint]
     software: dict[str, str | None] = field(default_factory=software_fingerprint)
+    #: torch's op in the validation run (None: the kernel has none here, or it did not run).
+    vendor: Measurement | None = None
+
+    @property
+    def implementation(self) -> str:
+        """What the best config runs: ``vendor`` (torch's op) or the backend of the tiled configs."""
+        return "vendor" if is_vendor(self.best_config) else self.backend
 
     @property
     def speedup_vs_default(self) -> float | None:
         """Default's median over the best's median, both from the same interleaved run."""
         return self.default.median_ms / self.best.median_ms if self.default else None
+
+    @property
+    def speedup_vs_vendor(self) -> float | None:
+        """torch's op's median over the best's median, both from the same interleaved run."""
+        return self.vendor.median_ms / self.best.median_ms if self.vendor else None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON document of ``tiletune tune --json``."""
@@ -108,13 +122,19 @@ class TuneReport:
             "strategy": self.strategy,
             "space_size": self.space_size,
             "trials": self.counts,
-            "best": {"config": self.best_config, **self.best.as_dict()},
+            "best": {
+                "config": self.best_config,
+                "implementation": self.implementation,
+                **self.best.as_dict(),
+            },
             "default": {
                 "config": self.default_config,
                 **(self.default.as_dict() if self.default else {"median_ms": None}),
                 "invalid": self.default_invalid,
             },
             "speedup_vs_default": self.speedup_vs_default,
+            "vendor": self.vendor.as_dict() if self.vendor else None,
+            "speedup_vs_vendor": self.speedup_vs_vendor,
             "validated": [{"config": c, **m.as_dict()} for c, m in self.validated],
             "wall_s": self.wall_s,
         }
@@ -212,12 +232,15 @@ def tune(
 
     default_result = results.get(config_key(default)) or builds.evaluate(bench, default)
     top = [config for config, _ in search.best(options.validate_top)]
-    runs = finalists(top, default if default_result.ok else None)
+    vendor = vendor_candidate(bench)
+    runs = finalists(top, default if default_result.ok else None, vendor=vendor)
     validated = list(zip(runs, bench.compare(runs), strict=True))
-    verdict = judge([Timing(c, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for c, m in validated], default)
+    timings = [Timing(c, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for c, m in validated]
+    verdict = judge(timings, default, vendor=vendor)
     assert verdict is not None  # the top configs ran correctly in the search
     best_config, best = next((c, m) for c, m in validated if c == verdict.winner)
     default_measurement = next((m for c, m in validated if c == default), None)
+    vendor_measurement = next((m for c, m in validated if vendor is not None and c == vendor), None)
     return TuneReport(
         kernel=spec.name,
         kernel_version=spec.version,
@@ -236,7 +259,17 @@ def tune(
         validated=validated,
         wall_s=time.monotonic() - started,
         trace=trace,
+        vendor=vendor_measurement,
     )
+
+
+def vendor_candidate(bench: KernelBench) -> Config | None:
+    """The vendor config when torch's op is one of the bench's kernel's implementations, runs here
+    and gives the reference's result (:meth:`KernelBench.check`); else None."""
+    if not bench.spec.has_vendor:
+        return None
+    config = vendor_config()
+    return config if bench.check(config) is None else None
 
 
 def tune_replay(

@@ -1,11 +1,13 @@
 """The finalist and winner policy, one for local tuning and for the server.
 
-When a search stops, its top configs, the kernel's default and the key's current best (the
-incumbent, on a server) are re-measured interleaved in one run (:func:`finalists`), and
-:func:`judge` decides from that run alone (times taken minutes apart never decide): a config
-replaces the default, and then the incumbent, only when it is faster *beyond the run's noise*
-and by a minimum gain (:func:`clearly_faster`); otherwise the default (or the incumbent) stays the answer,
-so a tuned config is never an answer slower than the rule it replaces. Pure functions, no I/O.
+When a search stops, its top configs, the kernel's default, the key's current best (the
+incumbent, on a server) and torch's own op (the vendor config, where the kernel has one) are
+re-measured interleaved in one run (:func:`finalists`), and :func:`judge` decides from that run
+alone (times taken minutes apart never decide): a config replaces torch's op (or, without one, the
+default), and then the incumbent, only when it is faster *beyond the run's noise* and by a minimum
+gain (:func:`clearly_faster`) than torch's op and than the default; otherwise torch's op (or the
+default, or the incumbent) stays the answer, so a tuned config is never an answer slower than
+torch's op or the rule it replaces. Pure functions, no I/O.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ from typing import NamedTuple
 from tiletune.client.wire import Config
 
 
-def finalists(top: Sequence[Config], default: Config | None, incumbent: Config | None = None) -> list[Config]:
-    """``top`` (best first), then the default, then the incumbent, each once."""
+def finalists(
+    top: Sequence[Config],
+    default: Config | None,
+    incumbent: Config | None = None,
+    vendor: Config | None = None,
+) -> list[Config]:
+    """``top`` (best first), then the default, the incumbent and the vendor config, each once."""
     unique: list[Config] = []
-    for config in [*top, *(c for c in (default, incumbent) if c is not None)]:
+    for config in [*top, *(c for c in (default, incumbent, vendor) if c is not None)]:
         if config not in unique:
             unique.append(dict(config))
     return unique
@@ -84,33 +91,55 @@ def clearly_faster(a: Timing, b: Timing) -> bool:
 @dataclass(frozen=True)
 class Verdict:
     """What one interleaved validation run decided: the key's answer after it (``winner``), its
-    median and the default's (None: not measured), and whether it replaces the incumbent."""
+    median, the default's and torch's op's (None: not measured), and whether it replaces the
+    incumbent."""
 
     winner: Config
     winner_ms: float
     default_ms: float | None
     promote: bool
+    vendor_ms: float | None = None
 
 
 def judge(
-    measured: Sequence[Timing], default: Config | None, incumbent: Config | None = None
+    measured: Sequence[Timing],
+    default: Config | None,
+    incumbent: Config | None = None,
+    vendor: Config | None = None,
 ) -> Verdict | None:
     """The run's answer and whether it replaces the incumbent; ``None`` when nothing ran.
 
-    The answer is the fastest (by median) of the configs :func:`clearly_faster` than the
-    default, else the default; with no measured default, the fastest of the run. A measured
-    incumbent stays the answer (``promote`` False) unless that answer is clearly faster than
-    it; with no incumbent, or one that did not run, the answer is promoted.
+    The baseline is torch's op (``vendor``) where it ran, else the default. The answer is the
+    fastest (by median) of the configs :func:`clearly_faster` than the baseline and than the
+    default (each that ran; the default itself needs only beat torch's op), else the baseline;
+    with neither measured, the fastest of the run. A measured incumbent stays the answer
+    (``promote`` False) unless that answer is clearly faster than it; with no incumbent, or one
+    that did not run, the answer is promoted.
     """
     if not measured:
         return None
-    baseline = next((t for t in measured if default is not None and t.config == default), None)
-    contenders = [t for t in measured if baseline is None or clearly_faster(t, baseline)]
+
+    def timing_of(config: Config | None) -> Timing | None:
+        return next((t for t in measured if config is not None and t.config == config), None)
+
+    def beats(timing: Timing, bar: Timing | None) -> bool:
+        return bar is None or timing.config == bar.config or clearly_faster(timing, bar)
+
+    default_timing, vendor_timing = timing_of(default), timing_of(vendor)
+    baseline = vendor_timing or default_timing
+    contenders = [
+        t for t in measured if t is not baseline and beats(t, default_timing) and beats(t, vendor_timing)
+    ]
     answer = min(contenders, key=lambda t: t.median_ms) if contenders else baseline
     assert answer is not None
-    held = next((t for t in measured if incumbent is not None and t.config == incumbent), None)
+    held = timing_of(incumbent)
     if held is not None and held.config != answer.config and not clearly_faster(answer, held):
         answer = held
     promote = held is None or held.config != answer.config
-    default_ms = baseline.median_ms if baseline is not None else None
-    return Verdict(dict(answer.config), answer.median_ms, default_ms, promote)
+    return Verdict(
+        dict(answer.config),
+        answer.median_ms,
+        default_timing.median_ms if default_timing is not None else None,
+        promote,
+        vendor_timing.median_ms if vendor_timing is not None else None,
+    )
