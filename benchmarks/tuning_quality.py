@@ -92,7 +92,7 @@ FULL_SHAPES: dict[str, list[Shape]] = {
 
 
 def _vendor(bench: KernelBench) -> Callable[[], object]:
-    op = vendor_op(bench.spec, bench.shape)
+    op = vendor_op(bench.spec, bench.shape, bench.device.kind)
     if op is None:
         raise ValueError(f"no vendor op for {bench.spec.name}")
     inputs = bench.inputs

@@ -5,7 +5,9 @@ The rules (pure logic; no function here raises, whatever it is given):
 - **structure**, always: a config is a mapping of at most 32 knob names (identifiers) to
   positive integers of at most ``MAX_DIM`` (``bool`` refused);
 - **knob names**, with the kernel's :class:`~tiletune.client.wire.KernelInfo` of the
-  entry's version: exactly ``info.knobs``;
+  entry's version: exactly ``info.knobs``, or the vendor config
+  (:data:`~tiletune.client.space.VENDOR_CONFIG`: torch's own op, whose kernel the launcher
+  checks has one);
 - **values**, with its ``knob_values`` and a ``clamp_rule`` this client knows: each value is
   one of :func:`allowed_values` for the shape, exactly what ``KernelDeclaration.knob_values(shape)``
   gives on the server: a knob's candidates, a tile knob's (``clamp_to``) clamped by its dim
@@ -120,6 +122,8 @@ class KnobCheck:
     def _problem(self, config: object, shape: Mapping[str, int]) -> str | None:
         if not isinstance(config, Mapping):
             return f"the config is a {kind_of(config)}, not a mapping"
+        if space.is_vendor(config):
+            return None
         if self.knobs is None:
             return structure_problem(config)
         if config.keys() != self.knobs:
@@ -148,8 +152,11 @@ class KnobCheck:
 
 
 def values_problem(config: Mapping[str, int], values: Mapping[str, Sequence[int]]) -> str | None:
-    """Why ``config`` is not among ``values`` (each knob's values for the shape), or ``None``."""
+    """Why ``config`` is not among ``values`` (each knob's values for the shape), or ``None``; the
+    vendor config is among every kernel's."""
     try:
+        if space.is_vendor(config):
+            return None
         if set(config) != set(values):
             return f"its knobs {sorted(config)} are not the kernel's {sorted(values)}"
         for name, value in config.items():

@@ -350,7 +350,10 @@ def tiled(
     def decorate(fn: Callable[..., T]) -> Callable[..., T]:
         @functools.wraps(fn)
         def wrapper(*tensors: torch.Tensor, **call_dims: int | bool) -> T:
-            selection = select_config(kernel, *tensors, client=client, dtype=dtype, **{**dims, **call_dims})
+            given = {**dims, **call_dims}
+            selection = select_config(
+                kernel, *tensors, client=client, dtype=dtype, runs_vendor=False, **given
+            )
             return fn(*tensors, config=selection.config)
 
         return wrapper

@@ -143,6 +143,11 @@ class KernelSpec(KernelDeclaration):
         (the portable one, ``"torch"``, by default)."""
         return (PORTABLE_BACKEND,)
 
+    #: The implementations (backends) whose default rule measured faster than torch's op: an operator
+    #: call with no measured answer runs the rule there, torch's op elsewhere (see
+    #: :func:`tiletune.kernels.vendor.untuned_runs_vendor`; a kernel names the figures it read).
+    rule_beats_vendor: tuple[str, ...] = ()
+
     def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
         """torch's own op for calls of ``shape`` on a ``device_kind`` device: a callable on the inputs
         ``run`` takes, returning what ``run`` returns (the vendor config's implementation,

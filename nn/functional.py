@@ -15,7 +15,7 @@ from torch.nn.attention.bias import CausalBias, CausalVariant
 
 import tiletune.kernels.ops  # noqa: F401  (registers torch.ops.tiletune)
 from tiletune.kernels.fused_attention.declaration import CAUSAL_BOTTOM_RIGHT, CAUSAL_TOP_LEFT, NO_CAUSAL
-from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.rms_norm.declaration import EPS
 
 logger = logging.getLogger(__name__)
 

@@ -32,6 +32,7 @@ import httpx
 
 from benchmarks.http_lookup import free_port
 from tiletune.client import ConfigClient
+from tiletune.client.space import is_vendor
 from tiletune.kernels.defaults import client_settings
 from tiletune.tuner.measure.worker import Worker
 
@@ -173,8 +174,9 @@ def run_worker(server: TuningServer, folder: Path, timeout_s: float) -> float:
 
 
 def job_summary(server: TuningServer) -> dict[str, Any]:
-    """The demand jobs: how many per state and kernel, trials run, and each job's speedup over the
-    default config (its best time against the default's, as the worker measured them)."""
+    """The demand jobs: how many per state and kernel, trials run, how many chose torch's op, and each
+    job's speedup over the default config (its best time against the default's, as the worker
+    measured them) and what its answer runs (``vendor``: torch's op; else the job's backend)."""
     with server.http() as http:
         jobs: list[dict[str, Any]] = http.get("/v1/jobs", params={"limit": 1000}).json()
     return {
@@ -182,12 +184,14 @@ def job_summary(server: TuningServer) -> dict[str, Any]:
         "states": dict(Counter(job["state"] for job in jobs)),
         "kernels": dict(Counter(job["kernel"] for job in jobs)),
         "trials_completed": sum(job["progress"]["completed"] for job in jobs),
+        "chose_vendor": sum(is_vendor(job["progress"]["best_config"]) for job in jobs),
         "per_job": [
             {
                 "kernel": job["kernel"],
                 "shape": job["shape_key"],
                 "state": job["state"],
                 "backend": job["backend"],
+                "implementation": "vendor" if is_vendor(job["progress"]["best_config"]) else job["backend"],
                 "completed": job["progress"]["completed"],
                 "speedup_vs_default": job["progress"]["speedup_vs_default"],
             }

@@ -108,7 +108,7 @@ def make_variants(base: nn.Module, tuned: ConfigSource | None) -> list[Variant]:
     return [
         Variant("a", "torch eager", eager, eager),
         Variant("b", "torch.compile", eager_for_compile, compiled(eager_for_compile)),
-        on_operators(base, "c", "tiletune ops, default rules", None),
+        on_operators(base, "c", "tiletune ops, untuned", None),
         on_operators(base, "d", "tiletune ops, tuned configs", tuned),
         on_operators(base, "e", "torch.compile, tiletune ops, tuned", tuned, compile_it=True),
     ]

@@ -11,6 +11,8 @@ from matplotlib.figure import Figure
 
 from benchmarks.plots.kernels import Series, _ratio_dots
 
+#: The prefix of the goals judged on training steps.
+TRAINING = "training_"
 #: Each variant's colour and marker, by its letter.
 STYLES = {
     "a": ("tab:grey", "s"),
@@ -36,7 +38,8 @@ OPERATOR_COLOURS = {
 def _times(document: dict[str, Any]) -> tuple[list[str], Series]:
     """Per (sequence, step) label, each variant's ``(median, p10, p90)`` ms."""
     sequences: list[dict[str, Any]] = document["sequences"]
-    labels = [f"seq {s['seq']}\n{kind}" for s in sequences for kind in ("inference", "training")]
+    batch = document["model"].get("batch", 1)
+    labels = [f"{batch}×{s['seq']}\n{kind}" for s in sequences for kind in ("inference", "training")]
     series: Series = {}
     for name, label in document["variants"].items():
         colour, marker = STYLES.get(name, ("tab:cyan", "x"))
@@ -80,16 +83,15 @@ def _goals_line(document: dict[str, Any], prefix: str = "") -> str:
     ``training_`` the training goals (a document from before them: none)."""
     goals = document["goals"]
     parts = []
-    for name, text in (
-        ("d_over_a", "d/a ≤ 0.90"),
-        ("c_over_d", "c/d ≥ 1.2"),
-        ("e_over_b", "e/b ≤ 1.0"),
-        ("lookups_share", "lookups ≤ 1 %"),
-    ):
-        goal = goals.get(prefix + name)
-        if goal is None:
+    for name, goal in goals.items():
+        if name.startswith(TRAINING) != (prefix == TRAINING):
             continue
-        shown = "{:.3%}" if name == "lookups_share" else "{:.2f}"
+        ratio = name.removeprefix(prefix)
+        sense = "≤" if goal["sense"] == "le" else "≥"
+        bound = f"{100 * goal['bound']:g} %" if ratio == "lookups_share" else f"{goal['bound']:g}"
+        what = ratio.replace("_over_", "/").replace("lookups_share", "lookups").replace("_at_", " at ")
+        text = f"{what} {sense} {bound}"
+        shown = "{:.3%}" if ratio == "lookups_share" else "{:.2f}"
         values = ", ".join(
             shown.format(value) if value is not None else "–" for value in goal["values"].values()
         )
@@ -109,7 +111,8 @@ def plot_model_step(document: dict[str, Any]) -> Figure:
     _profile(profile_axis, document)
     model, tuning = document["model"], document["tuning"]
     figure.suptitle(
-        f"A {model['layers']}-layer decoder (hidden {model['hidden']}, {model['heads']}/{model['kv_heads']} "
+        f"A {model['layers']}-layer {model.get('kind', 'decoder')} (hidden {model['hidden']}, "
+        f"{model['heads']}/{model['kv_heads']} "
         f"heads, batch {model['batch']}) on {document['machine']['cpu_count']} shared CPU cores; "
         f"(d) tuned by {tuning['path']} ({tuning['jobs']} jobs × {tuning['trials_per_job']} trials)\n"
         f"inference goals, per sequence: {_goals_line(document)}\n"

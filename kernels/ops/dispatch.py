@@ -69,12 +69,15 @@ def _prepared(
     return inputs, implementation(kernel, inputs[0].device.type)
 
 
-def runs_vendor(selection: Selection, device_kind: str) -> bool:
+def runs_vendor(selection: Selection, device_kind: str, backend: str) -> bool:
     """Whether a call runs torch's op: the answer is the vendor config, or there is no measured
-    answer and torch has an op for the call (:func:`~tiletune.kernels.vendor.untuned_runs_vendor`)."""
+    answer and torch's op is the untuned call's choice
+    (:func:`~tiletune.kernels.vendor.untuned_runs_vendor`)."""
     if is_vendor(selection.config):
         return True
-    return not selection.measured and vendor.untuned_runs_vendor(selection.spec, selection.shape, device_kind)
+    if selection.measured:
+        return False
+    return vendor.untuned_runs_vendor(selection.spec, selection.shape, device_kind, backend)
 
 
 def contiguous(output: KernelOutput) -> KernelOutput:
@@ -95,7 +98,7 @@ def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool)
         return contiguous(spec.reference(inputs, shape))
     spec, backend = runner
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, **dims)
-    if runs_vendor(selection, inputs[0].device.type):
+    if runs_vendor(selection, inputs[0].device.type, backend):
         op = vendor.vendor_op(spec, selection.shape, inputs[0].device.type)
         assert op is not None  # the launcher refuses a vendor answer torch has no op for
         return contiguous(op(inputs))
@@ -135,7 +138,7 @@ def run_attention(
     selection = select_config(
         spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, causal=causal
     )
-    if runs_vendor(selection, inputs[0].device.type):
+    if runs_vendor(selection, inputs[0].device.type, backend):
         attend = attention_vendor.attention(selection.shape, inputs[0].device.type)
         assert attend is not None  # as the kernel's vendor op, which runs_vendor found
         out, lse = attend(inputs, scale)
@@ -163,7 +166,7 @@ def run_attention_backward(
     selection = select_config(
         spec, *inputs, client=current_source(), dtype=dtype, runs_vendor=grad_lse is None, causal=saved.causal
     )
-    if grad_lse is None and runs_vendor(selection, saved.q.device.type):
+    if grad_lse is None and runs_vendor(selection, saved.q.device.type, backend):
         backward = attention_backward_vendor.gradients(selection.shape, saved.q.device.type)
         assert backward is not None  # as the kernel's vendor op, which runs_vendor found
         dq, dk, dv = backward(inputs, saved.scale)

@@ -16,8 +16,8 @@ import torch
 
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.native.spec import NativeSpec
-from tiletune.kernels.rms_norm.declaration import NativeRmsNormDeclaration
-from tiletune.kernels.rms_norm.portable import EPS, RmsNormSpec
+from tiletune.kernels.rms_norm.declaration import EPS, NativeRmsNormDeclaration
+from tiletune.kernels.rms_norm.portable import RmsNormSpec
 
 
 class NativeRmsNormSpec(NativeRmsNormDeclaration, NativeSpec, RmsNormSpec):

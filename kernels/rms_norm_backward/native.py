@@ -19,7 +19,7 @@ import torch
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import NativeSpec
-from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.rms_norm_backward.declaration import NativeRmsNormBackwardDeclaration
 from tiletune.kernels.rms_norm_backward.portable import RmsNormBackwardSpec
 

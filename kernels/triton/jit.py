@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tiletune.kernels.fused_attention.declaration import padded_head_dim
-from tiletune.kernels.rms_norm.portable import EPS as RMS_EPS
+from tiletune.kernels.rms_norm.declaration import EPS as RMS_EPS
 from tiletune.kernels.triton.spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.triton.spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).

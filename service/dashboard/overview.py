@@ -2,7 +2,8 @@
 
 - **Coverage**: a kernel × chip matrix; each cell is the keys (shape, dtype) tuned over the
   keys requested (by sweeps or by clients' misses), coloured by the median speedup of its best
-  configs over the kernel's default rule. The median is taken in SQL (a window over the cell:
+  configs over the kernel's default rule, and how many of its answers are torch's own op (the
+  vendor config: no tiled config beat it). The median is taken in SQL (a window over the cell:
   :func:`tiletune.service.best_configs.median_speedups`).
 - **Jobs** by state, each linking to the jobs list of that state.
 - **Workers online** (seen within the lease time) with their chip and last heartbeat.
@@ -19,9 +20,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from sqlalchemy import func, select, union
+from sqlalchemy import case, func, select, union
 from sqlalchemy.orm import Session
 
+from tiletune.client.space import VENDOR_KNOB
 from tiletune.client.wire import JOB_STATES
 from tiletune.service.best_configs import median_speedups
 from tiletune.service.dashboard.render import render, shape_url, speedup
@@ -47,12 +49,20 @@ class Cell:
     tuned: int
     requested: int
     median_speedup: float | None
+    #: Of the tuned keys, those whose answer is torch's op (the vendor config).
+    vendor: int = 0
 
 
 def coverage(session: Session) -> tuple[list[str], list[str], dict[tuple[str, str], Cell]]:
     """Kernels, chips and the cells of the coverage matrix (see the module docstring)."""
+    answered_by_vendor = BestConfigRow.config[VENDOR_KNOB].as_integer() == 1
     tuned_counts = (
-        select(BestConfigRow.kernel, ChipRow.name.label("chip"), func.count().label("tuned"))
+        select(
+            BestConfigRow.kernel,
+            ChipRow.name.label("chip"),
+            func.count().label("tuned"),
+            func.sum(case((answered_by_vendor, 1), else_=0)).label("vendor"),
+        )
         .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
         .group_by(BestConfigRow.kernel, ChipRow.name)
     )
@@ -75,12 +85,12 @@ def coverage(session: Session) -> tuple[list[str], list[str], dict[tuple[str, st
     requested_counts = select(
         requested_keys.c.kernel, requested_keys.c.chip, func.count().label("requested")
     ).group_by(requested_keys.c.kernel, requested_keys.c.chip)
-    tuned = {(kernel, chip): count for kernel, chip, count in session.execute(tuned_counts)}
+    tuned = {(kernel, chip): (count, vendor) for kernel, chip, count, vendor in session.execute(tuned_counts)}
     median = {(kernel, chip): value for kernel, chip, value in median_rows}
-    cells = {
-        (kernel, chip): Cell(tuned.get((kernel, chip), 0), count, median.get((kernel, chip)))
-        for kernel, chip, count in session.execute(requested_counts)
-    }
+    cells = {}
+    for kernel, chip, count in session.execute(requested_counts):
+        tuned_keys, vendor_keys = tuned.get((kernel, chip), (0, 0))
+        cells[kernel, chip] = Cell(tuned_keys, count, median.get((kernel, chip)), int(vendor_keys or 0))
     kernels = sorted({kernel for kernel, _ in cells})
     chips = sorted({chip for _, chip in cells}, key=lambda name: (name == ANY_CHIP, name))
     return kernels, chips, cells
@@ -172,6 +182,8 @@ def coverage_table(kernels: list[str], chips: list[str], cells: dict[tuple[str, 
         for chip in chips:
             cell = cells.get((kernel, chip))
             row[chip] = None if cell is None else f"{cell.tuned}/{cell.requested}"
+            if cell is not None and cell.vendor:
+                row[chip] += f" ({cell.vendor} torch's op)"
         rows.append(row)
     return Table("coverage", columns, rows, empty="no sweep has been submitted yet")
 

@@ -101,6 +101,7 @@ def test_a_step_asks_one_config_per_operator_call_and_the_profile_sees_each_oper
 
 def _ratios(medians: dict[str, float]) -> dict[str, float]:
     return {
+        "c_over_a": medians["c"] / medians["a"],
         "d_over_a": medians["d"] / medians["a"],
         "c_over_d": medians["c"] / medians["d"],
         "e_over_b": medians["e"] / medians["b"],
@@ -120,26 +121,37 @@ def _sequence(
 def test_a_goal_is_met_only_when_every_sequence_meets_it() -> None:
     found = goals(
         [
-            _sequence(1024, {"a": 100, "b": 80, "c": 120, "d": 85, "e": 80}, 0.001),
-            _sequence(2048, {"a": 100, "b": 80, "c": 110, "d": 95, "e": 79}, 0.02),
+            _sequence(1024, {"a": 100, "b": 80, "c": 101, "d": 99, "e": 80}, 0.001),
+            _sequence(2048, {"a": 100, "b": 80, "c": 103, "d": 101, "e": 79}, 0.02),
         ]
     )
-    assert found["d_over_a"]["values"] == {"1024": 0.85, "2048": 0.95}
-    assert not found["d_over_a"]["met"]  # 2048 misses 0.90
-    assert not found["c_over_d"]["met"]  # 1.41 at 1024, 1.16 at 2048
+    assert found["d_over_a"]["values"] == {"1024": 0.99, "2048": 1.01}
+    assert not found["d_over_a"]["met"]  # 2048 misses 1.00
+    assert not found["c_over_a"]["met"]  # 1.03 at 2048 misses 1.02
     assert found["e_over_b"]["met"]  # 1.0 and 0.99
     assert not found["lookups_share"]["met"]
 
 
 def test_the_training_goals_are_judged_on_the_training_medians() -> None:
-    fast = {"a": 100.0, "b": 80.0, "c": 130.0, "d": 85.0, "e": 78.0}
-    slow = {"a": 100.0, "b": 80.0, "c": 100.0, "d": 95.0, "e": 90.0}
+    fast = {"a": 100.0, "b": 80.0, "c": 101.0, "d": 90.0, "e": 78.0}
+    slow = {"a": 100.0, "b": 80.0, "c": 104.0, "d": 96.0, "e": 90.0}
     found = goals([_sequence(1024, fast, 0.001, training=slow), _sequence(2048, fast, 0.001, training=fast)])
-    assert all(found[name]["met"] for name in ("d_over_a", "c_over_d", "e_over_b"))
-    assert found["training_d_over_a"]["values"] == {"1024": 0.95, "2048": 0.85}
-    assert not found["training_d_over_a"]["met"]
-    assert not found["training_c_over_d"]["met"]  # 1.05 at 1024
+    assert all(found[name]["met"] for name in ("d_over_a", "c_over_a", "e_over_b"))
+    assert found["training_d_over_a"]["values"] == {"1024": 0.96, "2048": 0.9}
+    assert found["training_d_over_a"]["met"]
+    assert not found["training_c_over_a"]["met"]  # 1.04 at 1024
     assert not found["training_e_over_b"]["met"]  # 1.125 at 1024
+
+
+def test_a_goal_at_one_length_is_judged_there_on_its_model_alone() -> None:
+    fast = {"a": 100.0, "b": 80.0, "c": 101.0, "d": 90.0, "e": 78.0}
+    slow = {"a": 100.0, "b": 80.0, "c": 101.0, "d": 96.0, "e": 78.0}
+    sequences = [_sequence(1024, fast, 0.001, training=slow), _sequence(2048, fast, 0.001, training=fast)]
+    found = goals(sequences, "decoder")
+    assert found["training_d_over_a_at_2048"]["values"] == {"2048": 0.9}  # 1024's 0.96 is not judged
+    assert found["training_d_over_a_at_2048"]["met"]
+    assert "training_d_over_a_at_2048" not in goals(sequences, "llama")
+    assert "training_d_over_a_at_2048" not in goals(sequences[:1], "decoder")  # no 2048: nothing to judge
 
 
 def test_a_training_profile_names_each_operators_forward_and_backward() -> None:

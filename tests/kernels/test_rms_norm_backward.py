@@ -25,7 +25,7 @@ from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.build import native_status
 from tiletune.kernels.pipeline import tracing
-from tiletune.kernels.rms_norm.portable import EPS
+from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.rms_norm_backward.native import SPEC as NATIVE
 from tiletune.kernels.rms_norm_backward.portable import SPEC as PORTABLE
 from tiletune.kernels.rms_norm_backward.triton import SPEC as TRITON

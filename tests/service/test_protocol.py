@@ -70,8 +70,15 @@ def held(token: str) -> dict[str, str]:
     return {"X-Lease-Token": token}
 
 
+#: torch's op's synthetic time: slower than the tiles near the optimum, faster than the default.
+VENDOR_MS = 3.0
+
+
 def synthetic_ms(config: dict[str, int]) -> float:
-    """A deterministic time: best at tile 4096, buffers 2, depth 2."""
+    """A deterministic time: best at tile 4096, buffers 2, depth 2; torch's op (the vendor config)
+    at :data:`VENDOR_MS`."""
+    if config == {"vendor": 1}:
+        return VENDOR_MS
     tile = config["tile_size"]
     return (
         1.0
@@ -145,6 +152,52 @@ def test_a_sweep_is_tuned_promoted_and_looked_up(client: TestClient) -> None:
     history = client.get("/v1/history/add", params={"shape": "n=65536"}).json()
     assert len(history) == 1
     assert history[0]["config"] == answer["config"]
+
+
+def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(client: TestClient) -> None:
+    worker = register(client)
+    submit(client, shapes=[{"n": 65536}], trials=4)
+    leased = lease(client, worker)
+    assert leased is not None
+    token = leased["token"]
+    while (answer := ask(client, token, 2))["phase"] == "search":
+        assert {"vendor": 1} not in [task["config"] for task in answer["tasks"]]  # the search explores tiles
+        tell(client, token, answer["tasks"])
+    finalists = answer["validate_configs"]
+    assert finalists[-1] == {"vendor": 1}
+    # torch's op 2 % faster than the best tile: not clearly beaten, it is the answer
+    results = [
+        {"config": c, "measurement": measurement(1.0 if c == {"vendor": 1} else max(1.02, synthetic_ms(c)))}
+        for c in finalists
+    ]
+    done = client.post("/v1/lease/complete", headers=held(token), json={"results": results})
+    assert done.status_code == 200, done.text
+    assert done.json()["progress"]["best_config"] == {"vendor": 1}
+    found = client.get("/v1/configs/add", params={"shape": "n=65536", "chip": CHIP["name"], "match": "exact"})
+    assert found.status_code == 200, found.text
+    assert found.json()["config"] == {"vendor": 1}
+    page = client.get(f"/jobs/{done.json()['id']}")
+    assert "torch&#39;s op" in page.text or "torch's op" in page.text
+
+
+def test_a_worker_that_cannot_run_torch_op_leaves_the_default_the_baseline(client: TestClient) -> None:
+    """An older worker refuses the vendor config as outside the space: it reports it failed."""
+    worker = register(client)
+    submit(client, shapes=[{"n": 65536}], trials=4)
+    leased = lease(client, worker)
+    assert leased is not None
+    token = leased["token"]
+    while (answer := ask(client, token, 2))["phase"] == "search":
+        tell(client, token, answer["tasks"])
+    results = [
+        {"config": c, "error": "ConfigError: add knobs are [...]: unknown ['vendor']"}
+        if c == {"vendor": 1}
+        else {"config": c, "measurement": measurement(synthetic_ms(c))}
+        for c in answer["validate_configs"]
+    ]
+    done = client.post("/v1/lease/complete", headers=held(token), json={"results": results})
+    assert done.status_code == 200, done.text
+    assert done.json()["progress"]["best_config"]["tile_size"] >= 1024
 
 
 def test_every_trial_is_kept_with_its_outcome(client: TestClient) -> None:

@@ -127,3 +127,53 @@ def test_a_winner_that_is_the_incumbent_is_not_promoted_again_and_an_unmeasured_
 
 def test_a_run_where_nothing_ran_decides_nothing() -> None:
     assert judge([], DEFAULT) is None
+
+
+VENDOR = {"vendor": 1}
+
+
+def test_torch_op_is_a_finalist_after_the_incumbent() -> None:
+    assert finalists([A], DEFAULT, INCUMBENT, VENDOR) == [A, DEFAULT, INCUMBENT, VENDOR]
+    assert finalists([VENDOR, A], DEFAULT, VENDOR, VENDOR) == [VENDOR, A, DEFAULT]
+
+
+def test_torch_op_is_the_answer_unless_a_config_clearly_beats_it() -> None:
+    # A is faster than torch's op, but within the run's spread: torch's op stays the answer
+    verdict = judge(
+        [Timing(A, 1.0, 1.03), Timing(DEFAULT, 1.5, 1.51), Timing(VENDOR, 1.02, 1.03)], DEFAULT, vendor=VENDOR
+    )
+    assert verdict is not None
+    assert (verdict.winner, verdict.winner_ms, verdict.default_ms, verdict.vendor_ms) == (
+        VENDOR,
+        1.02,
+        1.5,
+        1.02,
+    )
+
+
+def test_a_config_must_clearly_beat_torch_op_and_the_default() -> None:
+    # A beats torch's op but not the default: the default, which beats torch's op, is the answer
+    measured = [Timing(A, 1.0, 1.01), Timing(DEFAULT, 1.005, 1.006), Timing(VENDOR, 2.0, 2.01)]
+    verdict = judge(measured, DEFAULT, vendor=VENDOR)
+    assert verdict is not None
+    assert verdict.winner == DEFAULT
+    # A beats both: A
+    verdict = judge(
+        [Timing(A, 1.0, 1.01), Timing(DEFAULT, 1.5, 1.51), Timing(VENDOR, 2.0, 2.01)], DEFAULT, vendor=VENDOR
+    )
+    assert verdict is not None
+    assert (verdict.winner, verdict.vendor_ms) == (A, 2.0)
+
+
+def test_without_torch_op_in_the_run_the_default_is_the_baseline_again() -> None:
+    # a worker that cannot run torch's op reports it failed: it is not measured
+    verdict = judge([Timing(A, 1.0, 1.01), Timing(DEFAULT, 1.5, 1.51)], DEFAULT, vendor=VENDOR)
+    assert verdict is not None
+    assert (verdict.winner, verdict.vendor_ms) == (A, None)
+
+
+def test_an_incumbent_torch_op_is_kept_unless_clearly_beaten() -> None:
+    measured = [Timing(A, 1.0, 1.03), Timing(DEFAULT, 1.5, 1.51), Timing(VENDOR, 1.01, 1.02)]
+    verdict = judge(measured, DEFAULT, VENDOR, VENDOR)
+    assert verdict is not None
+    assert (verdict.winner, verdict.promote) == (VENDOR, False)

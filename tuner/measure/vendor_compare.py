@@ -46,7 +46,7 @@ class BenchRow:
 
 def vendor_runner(bench: KernelBench) -> Callable[[], object] | None:
     """A no-argument callable running the kernel's vendor op (torch's own) on the bench's inputs."""
-    op = vendor_op(bench.spec, bench.shape)
+    op = vendor_op(bench.spec, bench.shape, bench.device.kind)
     if op is None:
         return None
     inputs = bench.inputs
