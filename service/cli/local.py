@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from tiletune.client.space import Dim
+from tiletune.client.space import Dim, is_vendor
 from tiletune.client.wire import STRATEGIES
 from tiletune.kernels.replay.recorded import REPLAY_DIR_ENV
 from tiletune.service.cli.options import (
@@ -81,6 +81,8 @@ def _kernel_inputs(args: argparse.Namespace) -> tuple[KernelSpec, Shape, str, De
 
 
 def _format_config(config: Config) -> str:
+    if is_vendor(config):
+        return "torch's op (vendor)"
     return " ".join(f"{k}={v}" for k, v in config.items())
 
 
@@ -157,6 +159,9 @@ def _tune_text(report: TuneReport) -> str:
             f" (p10 {report.best.p10_ms:.4f}, p90 {report.best.p90_ms:.4f}, n={report.best.samples})",
             f"default: {_format_config(report.default_config)}  {default}",
             f"speedup over default: {speedup:.2f}x" if speedup else "speedup over default: n/a",
+            f"torch's op: {report.vendor.median_ms:.4f} ms; best is {report.speedup_vs_vendor:.2f}x as fast"
+            if report.vendor and report.speedup_vs_vendor
+            else "torch's op: not measured (the kernel has none here)",
         ]
     )
 

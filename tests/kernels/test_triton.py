@@ -558,7 +558,10 @@ def test_tiletune_tune_runs_a_triton_kernel_in_the_interpreter() -> None:
     report = json.loads(result.stdout)
     assert report["kernel"] == "triton_add"
     assert report["trials"]["completed"] >= 1
-    assert set(report["best"]["config"]) == {"block_size", "num_stages", "num_warps"}
+    # torch.add beats a kernel interpreted in Python: the answer is torch's op
+    assert (report["best"]["implementation"], report["best"]["config"]) == ("vendor", {"vendor": 1})
+    triton_configs = [row["config"] for row in report["validated"] if row["config"] != {"vendor": 1}]
+    assert all(set(config) == {"block_size", "num_stages", "num_warps"} for config in triton_configs)
     assert report["default"]["config"] == {"block_size": 256, "num_stages": 2, "num_warps": 4}
     assert report["space_size"] > 0
 

@@ -1,0 +1,132 @@
+"""What an untuned operator call should run: each kernel's rule against torch's own op, on this CPU.
+
+For each built-in kernel at the keys a Llama-style model's step meets (the decoder of
+``benchmarks/model/``: hidden 512, 8 query and 2 key/value heads of 64, SwiGLU 1408, at 1,024 and
+2,048 tokens), the kernel's default config (its hand-written rule, on the implementation an
+operator runs here: native where built) and torch's op are checked against the reference and
+timed interleaved in one run (``tiletune bench``'s comparison). The ratio rule / torch is what
+``KernelSpec.rule_beats_vendor`` is decided from: a kernel whose rule is faster at every key
+measured runs it for calls nobody tuned; the others run torch's op
+(``tiletune.kernels.vendor.untuned_runs_vendor``). The document says, per key, the ratio and what
+the operators choose today, so a choice the figures contradict shows.
+
+Prints one JSON document (``"benchmark": "untuned_choice"``); progress on stderr. Run from the
+repository root: ``.venv/bin/python benchmarks/untuned_choice.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python benchmarks/untuned_choice.py`: the repository root on the path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from tiletune.kernels.declaration import Shape
+from tiletune.kernels.device import get_device
+from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.vendor import untuned_runs_vendor
+from tiletune.tuner.measure.bench import BenchSettings, KernelBench
+from tiletune.tuner.measure.vendor_compare import compare_with_vendor
+
+#: The decoder's sizes (``benchmarks/model/decoder.py``'s defaults).
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM, MLP = 512, 8, 2, 64, 1408
+
+
+def keys(tokens: int) -> list[tuple[str, Shape]]:
+    """The keys of one step of the decoder at ``tokens`` tokens (one of each kind)."""
+    attention = {
+        "batch": 1,
+        "heads": HEADS,
+        "kv_heads": KV_HEADS,
+        "seq_q": tokens,
+        "seq_kv": tokens,
+        "head_dim": HEAD_DIM,
+        "causal": 1,
+        "mask": 0,
+    }
+    rows = {"rows": tokens, "cols": HIDDEN}
+    return [
+        ("rms_norm", rows),
+        ("rms_norm_backward", rows),
+        ("matmul", {"m": tokens, "n": MLP, "k": HIDDEN, "a_transposed": 0, "b_transposed": 1}),
+        ("matmul", {"m": tokens, "n": HIDDEN, "k": MLP, "a_transposed": 0, "b_transposed": 1}),
+        ("fused_attention", attention),
+        ("fused_attention_backward", attention),
+        ("softmax", {"rows": HEADS * tokens // 8, "cols": tokens}),
+        ("softmax_backward", {"rows": HEADS * tokens // 8, "cols": tokens}),
+        ("add", {"n": tokens * HIDDEN}),
+    ]
+
+
+def measure_key(kernel: str, raw: Shape, settings: BenchSettings) -> dict[str, Any]:
+    """The rule and torch's op of one key, interleaved: their medians, the ratio, today's choice."""
+    spec = get_kernel(kernel)
+    shape = spec.parse_shape(raw)
+    device = get_device("cpu")
+    bench = KernelBench(spec, shape, "float32", device, settings=settings)
+    default = spec.default_config(shape, "float32", device.chip.limits)
+    rows = compare_with_vendor(bench, [], default)
+    rule = next(row for row in rows if row.is_default)
+    vendor = next(row for row in rows if row.is_vendor)
+    rule_ms = rule.measurement.median_ms if rule.measurement else None
+    vendor_ms = vendor.measurement.median_ms if vendor.measurement else None
+    backend = preferred_backend(spec, "cpu")
+    return {
+        "kernel": kernel,
+        "shape": spec.canonical_shape(shape),
+        "backend": backend,
+        "rule_ms": rule_ms,
+        "vendor_ms": vendor_ms,
+        "rule_over_vendor": rule_ms / vendor_ms if rule_ms and vendor_ms else None,
+        "untuned_runs": "vendor" if untuned_runs_vendor(spec, shape, "cpu", backend) else "rule",
+        "invalid": rule.invalid or vendor.invalid,
+    }
+
+
+def _rule_faster(measured: list[dict[str, Any]], kernel: str) -> bool:
+    """Whether ``kernel``'s rule was faster than torch's op at every key of it measured."""
+    ratios = [k["rule_over_vendor"] for k in measured if k["kernel"] == kernel]
+    return all(ratio is not None and ratio < 1 for ratio in ratios)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048], help="default 1024 2048")
+    parser.add_argument("--budget-s", type=float, default=0.4, help="seconds per candidate (default 0.4)")
+    args = parser.parse_args(argv)
+    settings = BenchSettings(budget_s=args.budget_s)
+    measured = []
+    for tokens in args.tokens:
+        for kernel, shape in keys(tokens):
+            print(f"untuned_choice: {kernel} {shape}", file=sys.stderr, flush=True)
+            measured.append(measure_key(kernel, shape, settings))
+    kernels = sorted({k["kernel"] for k in measured})
+    document = {
+        "benchmark": "untuned_choice",
+        "chip": get_device("cpu").chip.name,
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "keys": measured,
+        "rule_faster_at_every_key": sorted(
+            kernel
+            for kernel in faster
+            if all(
+                k["rule_over_vendor"] and k["rule_over_vendor"] < 1 for k in measured if k["kernel"] == kernel
+            )
+        ),
+    }
+    json.dump(document, sys.stdout, indent=2)
+    print()
+
+
+if __name__ == "__main__":
+    main()
