@@ -116,13 +116,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),
         "keys": measured,
-        "rule_faster_at_every_key": sorted(
-            kernel
-            for kernel in faster
-            if all(
-                k["rule_over_vendor"] and k["rule_over_vendor"] < 1 for k in measured if k["kernel"] == kernel
-            )
-        ),
+        "rule_faster_at_every_key": [kernel for kernel in kernels if _rule_faster(measured, kernel)],
     }
     json.dump(document, sys.stdout, indent=2)
     print()
