@@ -57,6 +57,8 @@ from tiletune.kernels.vendor import run_config, vendor_op
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: Distinct (kernel, shape, dtype, chip limits, config) checks remembered; a launch path sees few.
 CHECK_CACHE_SIZE = 4096
@@ -105,8 +107,42 @@ def _spec(kernel: str | KernelSpec) -> KernelSpec:
     return kernel if isinstance(kernel, KernelSpec) else get_kernel(kernel)
 
 
+_Layout = tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
+_ShapeKey = tuple[type, str, _Layout, tuple[tuple[str, object], ...]]
+_shapes: dict[_ShapeKey, Shape] = {}
+_DefaultKey = tuple[type, str, int, tuple[tuple[str, int], ...], str, DeviceLimits]
+_defaults: dict[_DefaultKey, Config] = {}
+
+
+def _remembered(cache: dict[K, V], key: K, make: Callable[[], V]) -> V:
+    """``cache[key]``, made by ``make()`` the first time (a cache of :data:`CHECK_CACHE_SIZE` entries
+    at most, emptied when full: a launch path sees few keys)."""
+    known = cache.get(key)
+    if known is None:
+        if len(cache) >= CHECK_CACHE_SIZE:
+            cache.clear()
+        known = cache[key] = make()
+    return known
+
+
 def _call_shape(spec: KernelSpec, tensors: tuple[torch.Tensor, ...], dims: Mapping[str, object]) -> Shape:
-    """The tensors' shape, completed by keyword dims; a size dim given by keyword must agree."""
+    """The tensors' shape, completed by keyword dims; a size dim given by keyword must agree.
+    Remembered per kernel, tensor sizes and strides and keyword dims (what ``shape_of`` reads)."""
+    layout = tuple((tuple(t.shape), t.stride()) for t in tensors)
+    key = (type(spec), spec.name, layout, tuple(dims.items()))
+    shape: Shape = _remembered(_shapes, key, lambda: _read_shape(spec, tensors, dims))
+    return dict(shape)
+
+
+def _default(spec: KernelSpec, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
+    """The kernel's default config for a call (its rule), remembered per kernel, shape, dtype and chip."""
+    key = (type(spec), spec.name, spec.version, tuple(shape.items()), dtype, limits)
+    config: Config = _remembered(_defaults, key, lambda: spec.default_config(shape, dtype, limits))
+    return dict(config)
+
+
+def _read_shape(spec: KernelSpec, tensors: tuple[torch.Tensor, ...], dims: Mapping[str, object]) -> Shape:
+    """:func:`_call_shape`, read from the tensors."""
     read = spec.shape_of(tensors)
     categorical = {d.name for d in spec.dims if d.categorical}
     given = {name: int(value) if isinstance(value, bool) else value for name, value in dims.items()}
@@ -216,17 +252,17 @@ def select_config(
     call_dtype = _call_dtype(tensors, dtype)
     limits = _limits(_device_kind(tensors))
     if client is None:  # no source configured: the kernel's own rule, as asked
-        return Selection(spec, shape, call_dtype, spec.default_config(shape, call_dtype, limits), "default")
+        return Selection(spec, shape, call_dtype, _default(spec, shape, call_dtype, limits), "default")
     try:
         asked, measured = _asked(client, spec, shape, call_dtype)
     except Exception as error:  # a client that fails, or answers nonsense, never fails the launch
         logger.warning("%s: config lookup failed (%r); using the default", spec.name, error)
-        default = spec.default_config(shape, call_dtype, limits)
+        default = _default(spec, shape, call_dtype, limits)
         return Selection(spec, shape, call_dtype, default, "default", f"lookup failed: {error!r}")
     config, refusal = _checked(spec, shape, call_dtype, limits, asked)
     if refusal is None and not runs_vendor and is_vendor(config):
         refusal = "the answer is torch's op, which this caller does not run"
-        config = spec.default_config(shape, call_dtype, limits)
+        config = _default(spec, shape, call_dtype, limits)
     source: Literal["client", "default"] = "client" if refusal is None else "default"
     return Selection(spec, shape, call_dtype, dict(config), source, refusal, measured and refusal is None)
 

@@ -184,7 +184,7 @@ def _check_runs_on(
     spec: KernelDeclaration, config: Config, shape: Shape, dtype: str, *, chip: ChipRow, field: str
 ) -> None:
     """:class:`InvalidInputError` naming ``field`` unless ``config`` may run on ``chip`` (its limits)."""
-    invalid = spec.invalid_reason(config, shape, dtype, chip_limits(chip))
+    invalid = spec.config_problem(config, shape, dtype, chip_limits(chip))
     if invalid is not None:
         raise InvalidInputError(f"the config is invalid on {chip.name}: {invalid}", field)
 
