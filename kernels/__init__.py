@@ -5,7 +5,8 @@ Layout: one package per kernel, its declaration beside its implementations:
 - ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``: each a package of
   ``declaration`` (its tuning space and counts, torch-free: the portable kernel's and its native
   and Triton versions'), ``portable`` (the tiled PyTorch pipeline, Ascend-C-shaped staging through
-  ``pipeline``), ``native`` (C++ on CPUs) and ``triton`` (the Triton kernel);
+  ``pipeline``), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel) and ``vendor`` (torch's
+  own op, a config of the kernel like its tiles);
 - ``declaration``: the declaration contract (:class:`KernelDeclaration`), torch-free;
   ``declarations``: which kernels are declared (what a server plans with, never importing torch);
 - ``spec``: the spec contract (:class:`KernelSpec`: a declaration plus inputs, reference, run);
@@ -17,7 +18,9 @@ Layout: one package per kernel, its declaration beside its implementations:
 - ``replay``: recorded tuning spaces (Kernel Tuner caches) as kernels measured by lookup
   (``$TILETUNE_REPLAY_KERNELS``), for driving the service at fleet scale;
 - ``pipeline``: the tiled pipeline executor the portable implementations share;
-- ``vendor``: each kernel's vendor op (torch's own), the bar a tuned config must clear;
+- ``vendor``: torch's own op as a config of every built-in kernel (each kernel's ``vendor``
+  module: the op; ``run_config``: any config, the vendor one included; ``untuned_runs_vendor``:
+  what an operator call with no measured answer runs);
 - ``device``: devices: chip identity, limits, timers;
 - ``conditions``: the machine's state around a measurement (governor, load, clocks), the clock
   check and the accelerators' flush default; ``device_clock``: NVML's and npu-smi's readings;

@@ -9,12 +9,10 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
   is ``holding`` come back first (a lost answer is asked again), then new valid configs as
   trials (rows ``asked``); when the search is done it hands one lease the final validation
   (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default, the key's
-  current best and torch's op where the kernel has one: :func:`vendor_finalist`), to be measured
-  interleaved;
+  current best, torch's op: :func:`~tiletune.service.specs.vendor_finalist`), measured interleaved;
 - ``tell`` is idempotent per trial: a repeated outcome is counted once;
-- ``complete`` promotes a config only when it beats torch's op and the default (else the one of
-  them that ran is the answer, torch's op first), then the key's current best, beyond that same
-  run's spread
+- ``complete`` promotes a config only when it beats torch's op and the default (else the first of
+  them that ran), then the key's current best, beyond that same run's spread
   (:func:`tiletune.tuner.search.finalists.judge`), then ends the job; a kept best measured
   with older software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
@@ -36,7 +34,6 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from tiletune.client.space import vendor_config
 from tiletune.client.wire import (
     MAX_ASK,
     AskPhase,
@@ -57,8 +54,6 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.kernels import get_declaration
-from tiletune.kernels.errors import UnknownKernelError
 from tiletune.service import configs, failpoints, fleet, jobs, lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, Winner
@@ -70,6 +65,7 @@ from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
 from tiletune.service.retune import revalidate
 from tiletune.service.searches import SearchHost
+from tiletune.service.specs import vendor_finalist
 from tiletune.service.trials import (
     asked_again,
     asked_trials,
@@ -81,17 +77,6 @@ from tiletune.service.views import job_public, worker_public
 from tiletune.service.warm_start import warm_start_configs
 from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search
-
-
-def vendor_finalist(kernel: str) -> Config | None:
-    """The vendor config (torch's op) where ``kernel`` declares one: a finalist of its jobs'
-    validation runs and the judge's baseline there (a worker that cannot run it reports it failed,
-    and the default is the baseline again); None otherwise, or for a kernel no longer declared."""
-    try:
-        declaration = get_declaration(kernel)
-    except UnknownKernelError:
-        return None
-    return vendor_config() if declaration.has_vendor else None
 
 
 class WorkerProtocol:

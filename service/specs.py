@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tiletune.client.space import CLAMP_MIN, DeviceLimits, candidates
+from tiletune.client.space import CLAMP_MIN, DeviceLimits, candidates, vendor_config
 from tiletune.client.wire import DTYPES, KernelInfo
-from tiletune.kernels import KernelDeclaration, Shape, get_declaration
+from tiletune.kernels import Config, KernelDeclaration, Shape, get_declaration
 from tiletune.kernels.declaration import parse_dims
-from tiletune.kernels.errors import InputError
+from tiletune.kernels.errors import InputError, UnknownKernelError
 from tiletune.service.errors import InvalidInputError
 
 
@@ -104,3 +104,14 @@ def declared_clamp_rule(spec: KernelDeclaration) -> str | None:
     if len(rules) > 1:
         return None
     return rules.pop() if rules else CLAMP_MIN
+
+
+def vendor_finalist(kernel: str) -> Config | None:
+    """The vendor config (torch's op) where ``kernel`` declares one: a finalist of its jobs'
+    validation runs and the judge's baseline there (a worker that cannot run it reports it failed,
+    and the default is the baseline again); None otherwise, or for a kernel no longer declared."""
+    try:
+        declaration = get_declaration(kernel)
+    except UnknownKernelError:
+        return None
+    return vendor_config() if declaration.has_vendor else None

@@ -1,2 +1,3 @@
 """``add``: elementwise ``a + b``. ``declaration`` (its space, torch-free), ``portable`` (the tiled
-PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""
+PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel),
+``vendor`` (torch's own op)."""

@@ -1,2 +1,3 @@
 """``fused_attention``: attention forward, FlashAttention-2 style. ``declaration`` (its space, torch-free),
-``portable`` (the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""
+``portable`` (the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel),
+``vendor`` (torch's own op)."""

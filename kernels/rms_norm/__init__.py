@@ -1,2 +1,3 @@
 """``rms_norm``: RMS normalisation of each row. ``declaration`` (its space, torch-free), ``portable``
-(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""
+(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel),
+``vendor`` (torch's own op)."""

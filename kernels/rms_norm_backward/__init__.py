@@ -1,3 +1,4 @@
 """``rms_norm_backward``: the gradients of ``rms_norm`` (``dx``, ``dw``), row-tiled as ``rms_norm``.
 ``declaration`` (its space, torch-free), ``portable`` (the tiled PyTorch pipeline), ``native`` (C++ on
-CPUs), ``triton`` (the Triton kernel)."""
+CPUs), ``triton`` (the Triton kernel),
+``vendor`` (torch's own op)."""

@@ -1,2 +1,3 @@
 """``softmax`` and the row-wise tiling it shares. ``declaration`` (its space, torch-free), ``portable``
-(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel)."""
+(the tiled PyTorch pipeline), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel),
+``vendor`` (torch's own op)."""
