@@ -152,7 +152,7 @@ def tune_on_demand(
     the tuning did."""
     chip = demand.register_this_chip(server)
     client = demand.tuning_client(server)
-    progress(f"running the patched decoder once on a client of {server.url} ({chip})")
+    progress(f"running the patched model once on a client of {server.url} ({chip})")
     run_on_client(base, client, args)
     queued = demand.report_misses(client, server)
     progress(f"{len(queued)} demand jobs queued; a CPU worker tunes them ({args.trials} trials each)")

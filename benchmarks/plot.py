@@ -55,7 +55,7 @@ from benchmarks.plots.accelerator import plot_compile_time_tiles, plot_cpp_looku
 from benchmarks.plots.client import plot_lookup_latency
 from benchmarks.plots.dashboard import plot_dashboard
 from benchmarks.plots.http import plot_http_load, plot_http_lookup
-from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality
+from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality, plot_untuned_choice
 from benchmarks.plots.model import plot_model_step
 from benchmarks.plots.search import plot_search_replay, plot_space_basins
 from benchmarks.plots.service import plot_replay_worker_cost, plot_service_overhead
@@ -66,6 +66,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "search_replay": plot_search_replay,
     "space_basins": plot_space_basins,
     "tuning_quality": plot_tuning_quality,
+    "untuned_choice": plot_untuned_choice,
     "gpu_check": plot_gpu_check,
     "service_overhead": plot_service_overhead,
     "replay_worker_cost": plot_replay_worker_cost,

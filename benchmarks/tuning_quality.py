@@ -18,8 +18,9 @@ Prints one JSON document: per key the medians and spreads (of the middle run), s
 default, tuned / exhaustive, tuned vs the vendor op (GFLOP/s for compute-bound
 kernels, GB/s for memory-bound ones), the fraction of the space measured and
 the tuning wall time; then a summary against the goals. The backward kernels
-(``*_backward``) are compared with torch's own backward of the forward's op (the
-gradient of ``scaled_dot_product_attention``, of ``F.rms_norm``, of ``softmax``). ``--quick`` runs a
+(``*_backward``) are compared with torch's own backward of the forward's op (each kernel's
+vendor implementation: SDPA's CPU flash backward on the forward's ``out`` and ``lse``, the
+gradients autograd computes for ``F.rms_norm``, softmax's backward). ``--quick`` runs a
 smaller shape set in about 12 minutes on 2 quiet cores. Progress goes to stderr.
 """
 

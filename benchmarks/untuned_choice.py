@@ -10,6 +10,11 @@ measured runs it for calls nobody tuned; the others run torch's op
 (``tiletune.kernels.vendor.untuned_runs_vendor``). The document says, per key, the ratio and what
 the operators choose today, so a choice the figures contradict shows.
 
+Then what an untuned operator call adds to the torch op it runs (``overhead``): each operator on
+tensors so small that the op takes a few microseconds, against torch's op, interleaved
+(``--rounds`` rounds of ``--calls`` calls each, under ``torch.no_grad``): ``torch.library``'s
+dispatch, reading the call's shape, the config's selection. Medians of the rounds' µs per call.
+
 Prints one JSON document (``"benchmark": "untuned_choice"``); progress on stderr. Run from the
 repository root: ``.venv/bin/python benchmarks/untuned_choice.py``.
 """
@@ -18,7 +23,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +38,7 @@ import torch
 from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.ops import configure
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.vendor import untuned_runs_vendor
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
@@ -90,6 +99,43 @@ def measure_key(kernel: str, raw: Shape, settings: BenchSettings) -> dict[str, A
     }
 
 
+Call = Callable[[], object]
+
+
+def overhead_pairs() -> dict[str, tuple[Call, Call]]:
+    """Each operator's call and torch's op's, on tiny tensors."""
+    generator = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 8, generator=generator), torch.randn(8, 8, generator=generator)
+    x, y = torch.randn(64, generator=generator), torch.randn(64, generator=generator)
+    rows = torch.randn(8, 64, generator=generator)
+    ops = torch.ops.tiletune
+    return {
+        "matmul": (lambda: ops.matmul(a, b), lambda: torch.matmul(a, b)),
+        "add": (lambda: ops.add(x, y), lambda: torch.add(x, y)),
+        "softmax": (lambda: ops.softmax(rows), lambda: torch.softmax(rows, -1)),
+    }
+
+
+def per_call_us(call: Call, calls: int) -> float:
+    """µs per call over ``calls`` back-to-back calls."""
+    started = time.perf_counter()
+    for _ in range(calls):
+        call()
+    return (time.perf_counter() - started) / calls * 1e6
+
+
+def overhead(ours: Call, theirs: Call, rounds: int, calls: int) -> dict[str, float]:
+    """The two calls interleaved round by round: medians of µs per call, and the difference."""
+    for call in (ours, theirs):
+        per_call_us(call, calls)  # warm-up
+    samples: dict[str, list[float]] = {"tiletune_us": [], "torch_us": []}
+    for _ in range(rounds):
+        samples["tiletune_us"].append(per_call_us(ours, calls))
+        samples["torch_us"].append(per_call_us(theirs, calls))
+    medians = {name: statistics.median(values) for name, values in samples.items()}
+    return {**medians, "added_us": medians["tiletune_us"] - medians["torch_us"]}
+
+
 def _rule_faster(measured: list[dict[str, Any]], kernel: str) -> bool:
     """Whether ``kernel``'s rule was faster than torch's op at every key of it measured."""
     ratios = [k["rule_over_vendor"] for k in measured if k["kernel"] == kernel]
@@ -102,7 +148,10 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--tokens", type=int, nargs="+", default=[1024, 2048], help="default 1024 2048")
     parser.add_argument("--budget-s", type=float, default=0.4, help="seconds per candidate (default 0.4)")
+    parser.add_argument("--rounds", type=int, default=21, help="overhead: interleaved rounds (default 21)")
+    parser.add_argument("--calls", type=int, default=500, help="overhead: calls per round (default 500)")
     args = parser.parse_args(argv)
+    configure()  # no source: every operator call is untuned
     settings = BenchSettings(budget_s=args.budget_s)
     measured = []
     for tokens in args.tokens:
@@ -110,6 +159,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"untuned_choice: {kernel} {shape}", file=sys.stderr, flush=True)
             measured.append(measure_key(kernel, shape, settings))
     kernels = sorted({k["kernel"] for k in measured})
+    print("untuned_choice: the operators' per-call cost", file=sys.stderr, flush=True)
+    with torch.no_grad():
+        costs = {name: overhead(*pair, args.rounds, args.calls) for name, pair in overhead_pairs().items()}
     document = {
         "benchmark": "untuned_choice",
         "chip": get_device("cpu").chip.name,
@@ -117,6 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         "torch_threads": torch.get_num_threads(),
         "keys": measured,
         "rule_faster_at_every_key": [kernel for kernel in kernels if _rule_faster(measured, kernel)],
+        "overhead": {"rounds": args.rounds, "calls": args.calls, "operators": costs},
     }
     json.dump(document, sys.stdout, indent=2)
     print()

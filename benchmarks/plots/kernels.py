@@ -159,3 +159,42 @@ def plot_gpu_check(document: dict[str, Any]) -> Figure:
     axis.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     figure.tight_layout()
     return figure
+
+
+def plot_untuned_choice(document: dict[str, Any]) -> Figure:
+    """Per key, the rule's time over torch's op's (and what an untuned call runs); beside it, what an
+    untuned operator call adds to torch's op per call."""
+    keys: list[dict[str, Any]] = document["keys"]
+    timed = [k for k in keys if k["rule_over_vendor"] is not None]
+    figure, (ratio_axis, cost_axis) = plt.subplots(
+        1, 2, figsize=(13, max(4.0, 0.32 * len(timed) + 1.5)), gridspec_kw={"width_ratios": [3, 1]}
+    )
+    positions = np.arange(len(timed))[::-1]
+    colours = ["tab:blue" if k["untuned_runs"] == "rule" else "tab:orange" for k in timed]
+    ratio_axis.barh(positions, [k["rule_over_vendor"] for k in timed], color=colours)
+    ratio_axis.axvline(1.0, color="black", linewidth=0.8)
+    ratio_axis.set_xscale("log")
+    ratio_axis.set_yticks(positions, [f"{k['kernel']} {shape_label(k['shape'])}" for k in timed], fontsize=7)
+    ratio_axis.set_xlabel(
+        "the rule's time ÷ torch's op's (blue: untuned calls run the rule; orange: torch's op)"
+    )
+    ratio_axis.grid(True, axis="x", alpha=0.3)
+    costs = document["overhead"]["operators"]
+    names = list(costs)
+    places = np.arange(len(names))
+    cost_axis.bar(
+        places - 0.2, [costs[n]["torch_us"] for n in names], 0.4, label="torch's op", color="tab:grey"
+    )
+    cost_axis.bar(
+        places + 0.2, [costs[n]["tiletune_us"] for n in names], 0.4, label="tiletune op", color="tab:blue"
+    )
+    cost_axis.set_xticks(places, names)
+    cost_axis.set_ylabel("µs per call (tiny tensors)")
+    cost_axis.legend(fontsize=8)
+    figure.suptitle(
+        f"What an untuned call runs, on {document['chip']} (fp32): rule faster at every key for "
+        f"{', '.join(document['rule_faster_at_every_key']) or 'no kernel'}",
+        fontsize=9,
+    )
+    figure.tight_layout()
+    return figure

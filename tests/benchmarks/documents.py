@@ -350,6 +350,40 @@ MODEL_STEP: dict[str, Any] = {
 }
 
 
+def _untuned_key(kernel: str, shape: str, ratio: float) -> dict[str, Any]:
+    return {
+        "kernel": kernel,
+        "shape": shape,
+        "backend": "native",
+        "rule_ms": ratio,
+        "vendor_ms": 1.0,
+        "rule_over_vendor": ratio,
+        "untuned_runs": "rule" if kernel.startswith("rms_norm") else "vendor",
+        "invalid": None,
+    }
+
+
+UNTUNED_CHOICE: dict[str, Any] = {
+    "benchmark": "untuned_choice",
+    "chip": "cpu/Test/2c",
+    "torch": "2.13.0+cpu",
+    "torch_threads": 2,
+    "keys": [
+        _untuned_key("rms_norm", "rows=1024,cols=512", 0.4),
+        _untuned_key("matmul", "m=1024,n=1408,k=512,a_transposed=0,b_transposed=1", 2.0),
+        _untuned_key(
+            "fused_attention", "batch=1,heads=8,kv_heads=2,seq_q=1024,seq_kv=1024,head_dim=64,causal=1", 1.5
+        ),
+    ],
+    "rule_faster_at_every_key": ["rms_norm"],
+    "overhead": {
+        "rounds": 3,
+        "calls": 10,
+        "operators": {"matmul": {"tiletune_us": 90.0, "torch_us": 4.0, "added_us": 86.0}},
+    },
+}
+
+
 #: Every document, by its ``benchmark`` field.
 DOCUMENTS: dict[str, dict[str, Any]] = {
     document["benchmark"]: document
@@ -368,5 +402,6 @@ DOCUMENTS: dict[str, dict[str, Any]] = {
         ISOLATION_OVERHEAD,
         CPP_LOOKUP,
         COMPILE_TIME_TILES,
+        UNTUNED_CHOICE,
     )
 }
