@@ -36,7 +36,7 @@ class LogitsOf(nn.Module):
 
 def build_llama(shape: DecoderShape, seed: int = 0) -> LogitsOf:
     """A ``LlamaForCausalLM`` of ``shape``'s sizes with weights drawn from ``seed``."""
-    config = transformers.LlamaConfig(
+    config = transformers.LlamaConfig(  # type: ignore[no-untyped-call]
         vocab_size=shape.vocab,
         hidden_size=shape.hidden,
         intermediate_size=shape.mlp,
@@ -49,4 +49,4 @@ def build_llama(shape: DecoderShape, seed: int = 0) -> LogitsOf:
         attn_implementation="sdpa",
     )
     torch.manual_seed(seed)
-    return LogitsOf(LlamaForCausalLM(config))
+    return LogitsOf(LlamaForCausalLM(config))  # type: ignore[no-untyped-call]

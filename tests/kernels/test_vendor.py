@@ -117,6 +117,7 @@ def test_an_untuned_operator_call_runs_torch_op() -> None:
         {"rows": 37, "cols": 300},
         "torch",
     )
+    assert isinstance(tiled, torch.Tensor)
     assert not torch.equal(tiled, torch_result)  # the tiled kernel's bits differ: the test can tell
     with using_source(None):
         assert torch.equal(OPS.rms_norm(x, w), torch_result)  # no source: torch's op
@@ -131,6 +132,7 @@ def test_a_measured_answer_runs_as_answered_torch_op_or_tiles() -> None:
     spec = get_kernel("rms_norm")
     tiles = next(c for c in spec.space(shape, "float32", LIMITS) if c["tile_cols"] < 300)
     expected_tiled = spec.run((x, w), tiles, shape, "native" if "native" in spec.backends() else "torch")
+    assert isinstance(expected_tiled, torch.Tensor)
     with using_source(FixedSource(tiles, match="nearest")):
         assert torch.equal(OPS.rms_norm(x, w), expected_tiled)
     with using_source(FixedSource({"vendor": 1})):
@@ -158,8 +160,10 @@ def test_untuned_attention_forward_and_backward_are_torch_ops() -> None:
         out, _ = OPS.fused_attention(q, k, v, causal=1)
         out.backward(grad)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    expected = functional.scaled_dot_product_attention(*leaves, is_causal=True, enable_gqa=True)
-    expected.backward(grad)
+    expected = functional.scaled_dot_product_attention(
+        leaves[0], leaves[1], leaves[2], is_causal=True, enable_gqa=True
+    )
+    torch.autograd.backward(expected, grad)
     assert torch.equal(out, expected)
     for ours, theirs in zip((q, k, v), leaves, strict=True):
         assert ours.grad is not None

@@ -178,6 +178,10 @@ def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(
     assert found.json()["config"] == {"vendor": 1}
     page = client.get(f"/jobs/{done.json()['id']}")
     assert "torch&#39;s op" in page.text or "torch's op" in page.text
+    overview = client.get("/")
+    assert overview.status_code == 200, overview.text
+    assert "1/1 · " in overview.text  # the coverage cell: one key tuned of one requested,
+    assert " · 1 torch</a>" in overview.text  # and it is answered by torch's op
 
 
 def test_a_worker_that_cannot_run_torch_op_leaves_the_default_the_baseline(client: TestClient) -> None:
