@@ -109,21 +109,32 @@ def _rms_inputs() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_an_untuned_operator_call_runs_torch_op() -> None:
-    x, w = _rms_inputs()
-    torch_result = functional.rms_norm(x, (300,), w, 1e-6)
-    tiled = get_kernel("rms_norm").run(
-        (x, w),
-        get_kernel("rms_norm").default_config({"rows": 37, "cols": 300}, "float32", LIMITS),
-        {"rows": 37, "cols": 300},
-        "torch",
-    )
+    x = torch.randn(37, 300, generator=torch.Generator().manual_seed(3))
+    shape = {"rows": 37, "cols": 300}
+    spec = get_kernel("softmax")
+    rule = spec.default_config(shape, "float32", LIMITS)
+    tiled = spec.run((x,), rule, shape, spec.backends()[-1])
     assert isinstance(tiled, torch.Tensor)
+    torch_result = torch.softmax(x, -1)
     assert not torch.equal(tiled, torch_result)  # the tiled kernel's bits differ: the test can tell
     with using_source(None):
-        assert torch.equal(OPS.rms_norm(x, w), torch_result)  # no source: torch's op
-    rule = get_kernel("rms_norm").default_config({"rows": 37, "cols": 300}, "float32", LIMITS)
+        assert torch.equal(OPS.softmax(x), torch_result)  # no source: torch's op
     with using_source(FixedSource(rule, match="default")):
-        assert torch.equal(OPS.rms_norm(x, w), torch_result)  # the client's rule is no measured answer
+        assert torch.equal(OPS.softmax(x), torch_result)  # the client's rule is no measured answer
+
+
+@pytest.mark.skipif(
+    "native" not in get_kernel("rms_norm").backends(), reason="the native kernels are not built"
+)
+def test_an_untuned_rms_norm_runs_its_native_rule_which_measured_faster() -> None:
+    x, w = _rms_inputs()
+    shape = {"rows": 37, "cols": 300}
+    spec = get_kernel("rms_norm")
+    rule = spec.run((x, w), spec.default_config(shape, "float32", LIMITS), shape, "native")
+    assert isinstance(rule, torch.Tensor)
+    assert not torch.equal(rule, functional.rms_norm(x, (300,), w, 1e-6))
+    with using_source(None):
+        assert torch.equal(OPS.rms_norm(x, w), rule)
 
 
 def test_a_measured_answer_runs_as_answered_torch_op_or_tiles() -> None:
