@@ -154,7 +154,8 @@ def test_a_sweep_is_tuned_promoted_and_looked_up(client: TestClient) -> None:
     assert history[0]["config"] == answer["config"]
 
 
-def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(client: TestClient) -> None:
+def search_one_job(client: TestClient) -> tuple[str, list[dict[str, int]]]:
+    """Lease a 4-trial job of ``add`` and search it (synthetic times): its lease and finalists."""
     worker = register(client)
     submit(client, shapes=[{"n": 65536}], trials=4)
     leased = lease(client, worker)
@@ -163,7 +164,11 @@ def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(
     while (answer := ask(client, token, 2))["phase"] == "search":
         assert {"vendor": 1} not in [task["config"] for task in answer["tasks"]]  # the search explores tiles
         tell(client, token, answer["tasks"])
-    finalists = answer["validate_configs"]
+    return token, answer["validate_configs"]
+
+
+def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(client: TestClient) -> None:
+    token, finalists = search_one_job(client)
     assert finalists[-1] == {"vendor": 1}
     # torch's op 2 % faster than the best tile: not clearly beaten, it is the answer
     results = [
@@ -186,18 +191,12 @@ def test_torch_op_is_validated_beside_the_tiles_and_answers_where_none_beats_it(
 
 def test_a_worker_that_cannot_run_torch_op_leaves_the_default_the_baseline(client: TestClient) -> None:
     """An older worker refuses the vendor config as outside the space: it reports it failed."""
-    worker = register(client)
-    submit(client, shapes=[{"n": 65536}], trials=4)
-    leased = lease(client, worker)
-    assert leased is not None
-    token = leased["token"]
-    while (answer := ask(client, token, 2))["phase"] == "search":
-        tell(client, token, answer["tasks"])
+    token, finalists = search_one_job(client)
     results = [
         {"config": c, "error": "ConfigError: add knobs are [...]: unknown ['vendor']"}
         if c == {"vendor": 1}
         else {"config": c, "measurement": measurement(synthetic_ms(c))}
-        for c in answer["validate_configs"]
+        for c in finalists
     ]
     done = client.post("/v1/lease/complete", headers=held(token), json={"results": results})
     assert done.status_code == 200, done.text
