@@ -1,4 +1,8 @@
-"""Where the operators' configs come from: one process-wide source, or the kernels' own rules.
+"""Where the operators' configs come from: one process-wide source, or none (untuned calls).
+
+An operator call with no measured answer runs torch's op, or the kernel's rule where that measured
+faster (:func:`tiletune.kernels.vendor.untuned_runs_vendor`); "the kernels' rules" below are what a
+source answers for such keys, and what ``launch``'s callers that run their own tiles get.
 
 - With nothing configured, the first operator call reads ``$TILETUNE_URL`` (and ``$TILETUNE_TOKEN``,
   ``$TILETUNE_CHIP``); without it, an operator runs the kernel's default rule (its hand-written
