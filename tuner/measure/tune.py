@@ -232,15 +232,7 @@ def tune(
 
     default_result = results.get(config_key(default)) or builds.evaluate(bench, default)
     top = [config for config, _ in search.best(options.validate_top)]
-    vendor = vendor_candidate(bench)
-    runs = finalists(top, default if default_result.ok else None, vendor=vendor)
-    validated = list(zip(runs, bench.compare(runs), strict=True))
-    timings = [Timing(c, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for c, m in validated]
-    verdict = judge(timings, default, vendor=vendor)
-    assert verdict is not None  # the top configs ran correctly in the search
-    best_config, best = next((c, m) for c, m in validated if c == verdict.winner)
-    default_measurement = next((m for c, m in validated if c == default), None)
-    vendor_measurement = next((m for c, m in validated if vendor is not None and c == vendor), None)
+    validation = validate(bench, top, default, default_ok=default_result.ok)
     return TuneReport(
         kernel=spec.name,
         kernel_version=spec.version,
@@ -251,16 +243,48 @@ def tune(
         strategy=options.strategy,
         space_size=len(spec.space(shape, dtype, limits)),
         counts=search.counts.as_dict(),
-        best_config=best_config,
-        best=best,
+        best_config=validation.best_config,
+        best=validation.best,
         default_config=default,
-        default=default_measurement,
+        default=validation.default,
         default_invalid=None if default_result.ok else (default_result.invalid or default_result.error),
-        validated=validated,
+        validated=validation.runs,
         wall_s=time.monotonic() - started,
         trace=trace,
-        vendor=vendor_measurement,
+        vendor=validation.vendor,
     )
+
+
+@dataclass(frozen=True)
+class Validation:
+    """The validation run of a local tuning: each finalist with its measurement, the judge's answer,
+    and the default's and torch's op's measurements there (None: not in the run)."""
+
+    runs: list[tuple[Config, Measurement]]
+    best_config: Config
+    best: Measurement
+    default: Measurement | None
+    vendor: Measurement | None
+
+
+def validate(bench: KernelBench, top: list[Config], default: Config, *, default_ok: bool) -> Validation:
+    """The ``top`` configs, the default (where it ran correctly) and torch's op (where the kernel has
+    one here: :func:`vendor_candidate`) measured interleaved in one run and judged
+    (:func:`~tiletune.tuner.search.finalists.judge`)."""
+    vendor = vendor_candidate(bench)
+    configs = finalists(top, default if default_ok else None, vendor=vendor)
+    runs = list(zip(configs, bench.compare(configs), strict=True))
+    verdict = judge(
+        [Timing(c, m.median_ms, m.p90_ms, m.p10_ms, m.samples) for c, m in runs], default, vendor=vendor
+    )
+    assert verdict is not None  # the top configs ran correctly in the search
+
+    def measured(config: Config | None) -> Measurement | None:
+        return next((m for c, m in runs if config is not None and c == config), None)
+
+    best = measured(verdict.winner)
+    assert best is not None  # the judge answers a config of the run
+    return Validation(runs, verdict.winner, best, measured(default), measured(vendor))
 
 
 def vendor_candidate(bench: KernelBench) -> Config | None:
