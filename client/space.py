@@ -22,7 +22,7 @@ A knob's value rule, as data:
 
 One config stands beside the knobs' points: :data:`VENDOR_CONFIG`, the kernel's vendor
 implementation (torch's own op, untiled), which has no knobs. It is a point of every space whose
-kernel declares one (``KernelDeclaration.vendor``), measured and judged like the others.
+kernel declares one (``KernelDeclaration.has_vendor``), measured and judged like the others.
 """
 
 from __future__ import annotations
