@@ -111,7 +111,7 @@ def _row_sum(terms: torch.Tensor, running: torch.Tensor, block: torch.Tensor, fi
 class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
     """The gradients ``(dx, dw)`` of ``rms_norm`` for the output's gradient ``grad``."""
 
-    #: The native rule's time is 0.05-0.21x torch's op's on CPUs at the decoder's keys
+    #: The native rule's time is 0.05-0.26x torch's op's on CPUs at the decoder's keys
     #: (``docs/figures/untuned_choice.json``): an untuned call runs it there.
     rule_beats_vendor = (NATIVE_BACKEND,)
 
