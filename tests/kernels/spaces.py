@@ -80,7 +80,9 @@ def sample(declaration: KernelDeclaration, shape: Shape, dtype: str, limits: Dev
         "default": default,
         "space_size": len(space),
         "space": _digest(space),
-        "outside": [declaration.config_problem(c, shape, dtype, limits) for c in _outside(declaration, default)],
+        "outside": [
+            declaration.config_problem(c, shape, dtype, limits) for c in _outside(declaration, default)
+        ],
         "working_set": declaration.working_set_bytes(default, shape, dtype),
         "bytes_moved": declaration.bytes_moved(shape, dtype),
         "flops": declaration.flops(shape),
@@ -133,7 +135,9 @@ def as_text(described: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--write", action="store_true", help=f"rewrite {GOLDEN.name} from the code as it is")
     args = parser.parse_args()
     text = as_text(describe_all())
