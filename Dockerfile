@@ -36,7 +36,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # The project's wheel, built with the build backend from the lock (setuptools, hashed).
 FROM base AS wheel
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY package/ package/
 COPY client/ client/
 COPY kernels/ kernels/

@@ -1,12 +1,15 @@
 """tiletune.kernels: tunable kernels, their declarations and implementations, and devices.
 
-Layout: one package per kernel, its declaration beside its implementations:
+Layout: one folder per kernel family, its declaration beside its implementations:
 
-- ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention``: each a package of
-  ``declaration`` (its tuning space and counts, torch-free: the portable kernel's and its native
+- ``add``, ``softmax``, ``rms_norm``, ``matmul``, ``fused_attention`` and their backwards: each a
+  package of ``family`` (``FAMILY``: the record of its implementations, what discovery finds),
+  ``declaration`` (its tuning spaces and counts, torch-free: the portable kernel's and its native
   and Triton versions'), ``portable`` (the tiled PyTorch pipeline, Ascend-C-shaped staging through
   ``pipeline``), ``native`` (C++ on CPUs), ``triton`` (the Triton kernel) and ``vendor`` (torch's
-  own op, a config of the kernel like its tiles);
+  own op, a config of the kernel like its tiles); ``compiled_matmul``: builds of a C++ kernel;
+- ``family``: the family record (:class:`Family`, :class:`Implementation`) and discovery (every
+  folder here with a ``family.py``, and the plugins' ``tiletune.families`` entry points);
 - ``declaration``: the declaration contract (:class:`KernelDeclaration`), torch-free;
   ``declarations``: which kernels are declared (what a server plans with, never importing torch);
 - ``spec``: the spec contract (:class:`KernelSpec`: a declaration plus inputs, reference, run);

@@ -3,10 +3,17 @@
 Torch-free: what a server plans with (spaces, shapes, defaults, bytes). The torch half, what a
 worker runs, is :mod:`tiletune.kernels.registry`, which holds a spec for each of these names.
 
-A plugin declares its kernel's space under the entry-point group ``tiletune.spaces`` (an instance
-of :class:`~tiletune.kernels.declaration.KernelDeclaration`, or a subclass taking no arguments),
-and its spec under ``tiletune.kernels``, with the same entry name (a server loads the first, a
-worker the second)::
+Built-in kernels and plugins are families (:mod:`tiletune.kernels.family`): each implementation
+of a family is a declared kernel. A plugin names its family under the entry-point group
+``tiletune.families``::
+
+    [project.entry-points."tiletune.families"]
+    my_op = "my_package.family:FAMILY"
+
+The older way still loads: a plugin declares its kernel's space under the group
+``tiletune.spaces`` (an instance of :class:`~tiletune.kernels.declaration.KernelDeclaration`, or a
+subclass taking no arguments), and its spec under ``tiletune.kernels``, with the same entry name (a
+server loads the first, a worker the second)::
 
     [project.entry-points."tiletune.spaces"]
     my_op = "my_package.space:MY_OP"
@@ -28,28 +35,13 @@ from functools import cache
 
 from tiletune.kernels.declaration import KernelDeclaration
 from tiletune.kernels.errors import UnknownKernelError
+from tiletune.kernels.family import builtin_families, plugin_families
 from tiletune.kernels.replay.declaration import registered_replay_declarations
 
 #: The entry-point group of plugins' declarations (torch-free).
 SPACES_ENTRY_POINT_GROUP = "tiletune.spaces"
 #: The entry-point group of plugins' specs (the torch half; :mod:`tiletune.kernels.registry`).
 KERNELS_ENTRY_POINT_GROUP = "tiletune.kernels"
-#: The built-in kernels, each a package of ``tiletune.kernels`` whose ``declaration`` module lists
-#: its declarations (``DECLARATIONS``: the portable kernel, its native and its Triton versions).
-BUILTIN_KERNELS = (
-    "add",
-    "softmax",
-    "softmax_backward",
-    "rms_norm",
-    "rms_norm_backward",
-    "matmul",
-    "fused_attention",
-    "fused_attention_backward",
-)
-#: The built-in kernels whose configs are builds (their tiles fixed at build time,
-#: :mod:`tiletune.kernels.build_cache`), each a package of ``tiletune.kernels`` with a ``declaration``
-#: module (``DECLARATIONS``) and a ``spec`` module (``SPEC``).
-BUILD_TIME_KERNELS = ("compiled_matmul",)
 
 
 def as_declaration(obj: object, origin: str) -> KernelDeclaration:
@@ -63,14 +55,16 @@ def as_declaration(obj: object, origin: str) -> KernelDeclaration:
 
 
 def builtin_declarations() -> dict[str, KernelDeclaration]:
-    """The declarations of the kernels shipped with tiletune, by name (the build-time ones last)."""
-    declared: dict[str, KernelDeclaration] = {}
-    for kernel in (*BUILTIN_KERNELS, *BUILD_TIME_KERNELS):
-        module = importlib.import_module(f"tiletune.kernels.{kernel}.declaration")
-        for obj in module.DECLARATIONS:
-            declaration = as_declaration(obj, f"tiletune.kernels.{kernel}.declaration")
-            declared[declaration.name] = declaration
-    return declared
+    """The declarations of the kernels shipped with tiletune, by name: every implementation of every
+    built-in family (:func:`~tiletune.kernels.family.builtin_families`), family by family."""
+    return {i.kernel: i.declaration for family in builtin_families().values() for i in family.implementations}
+
+
+def family_declarations(taken: frozenset[str]) -> dict[str, KernelDeclaration]:
+    """The declarations of the plugin families (``tiletune.families``), by name; a family declaring
+    a name in ``taken`` is a warning and skipped."""
+    families = plugin_families(taken)
+    return {i.kernel: i.declaration for family in families.values() for i in family.implementations}
 
 
 def plugin_declarations(group: str, skip: frozenset[str] = frozenset()) -> dict[str, KernelDeclaration]:
@@ -89,10 +83,12 @@ def plugin_declarations(group: str, skip: frozenset[str] = frozenset()) -> dict[
 
 @cache
 def all_declarations() -> dict[str, KernelDeclaration]:
-    """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, then the plugins'
-    declarations (``tiletune.spaces``), then the specs of plugins that declare no space
-    (``tiletune.kernels``, where they load). Read once per process."""
+    """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, the plugin families
+    (``tiletune.families``), then the older groups' plugins: their declarations
+    (``tiletune.spaces``), then the specs of those that declare no space (``tiletune.kernels``,
+    where they load). Read once per process."""
     declared: dict[str, KernelDeclaration] = {**builtin_declarations(), **registered_replay_declarations()}
+    declared.update(family_declarations(frozenset(declared)))
     spaces = plugin_declarations(SPACES_ENTRY_POINT_GROUP)
     specs = plugin_declarations(KERNELS_ENTRY_POINT_GROUP, skip=frozenset(spaces))
     for entry_name, declaration in {**spaces, **specs}.items():

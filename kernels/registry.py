@@ -1,7 +1,9 @@
 """Which kernels run: a spec (the torch half) for each built-in, replay and plugin kernel.
 
-A plugin package registers a :class:`~tiletune.kernels.spec.KernelSpec` (an instance, or a
-subclass taking no arguments) under the entry-point group ``tiletune.kernels``, and its space,
+Each implementation of a family (:mod:`tiletune.kernels.family`: the built-ins' folders, the
+plugins' ``tiletune.families`` entry points) names its spec, loaded here (:func:`load_spec`). A
+plugin of the older groups registers a :class:`~tiletune.kernels.spec.KernelSpec` (an instance, or
+a subclass taking no arguments) under the entry-point group ``tiletune.kernels``, and its space,
 torch-free, under ``tiletune.spaces`` with the same entry name
 (:mod:`tiletune.kernels.declarations`, what a server reads)::
 
@@ -25,17 +27,12 @@ import importlib.metadata
 import warnings
 from functools import cache
 
-from tiletune.kernels.declarations import BUILD_TIME_KERNELS, BUILTIN_KERNELS, KERNELS_ENTRY_POINT_GROUP
+from tiletune.kernels.declarations import KERNELS_ENTRY_POINT_GROUP
 from tiletune.kernels.errors import UnknownKernelError
+from tiletune.kernels.family import Family, Implementation, builtin_families, plugin_families
 from tiletune.kernels.replay.declaration import REPLAY_KIND
 from tiletune.kernels.replay.spec import is_replay_kernel, registered_replay_kernels
 from tiletune.kernels.spec import KernelSpec
-
-#: The implementations of each built-in kernel, each a module of its package with a ``SPEC``:
-#: the portable PyTorch pipeline (named as the kernel), then the Triton kernels (``triton_*``: their
-#: own knobs, block sizes, num_stages, num_warps; importing them needs no triton), then the native
-#: CPU kernels (``native_*``: the portable knobs plus ``block_dim``; importing them never compiles).
-IMPLEMENTATION_MODULES = ("portable", "triton", "native")
 
 
 def _as_spec(obj: object, origin: str) -> KernelSpec:
@@ -46,32 +43,47 @@ def _as_spec(obj: object, origin: str) -> KernelSpec:
     return obj
 
 
+def load_spec(implementation: Implementation) -> KernelSpec:
+    """The spec of one implementation of a family, imported from where it names it; ``TypeError``
+    when it is no spec, or the spec of another kernel."""
+    module, _, attribute = implementation.spec.partition(":")
+    spec = _as_spec(getattr(importlib.import_module(module), attribute), implementation.spec)
+    if spec.name != implementation.kernel:
+        raise TypeError(
+            f"{implementation.spec} is the spec of {spec.name!r}, not of {implementation.kernel!r}"
+        )
+    return spec
+
+
+def family_kernels(family: Family) -> dict[str, KernelSpec]:
+    """The specs of every implementation of ``family``, by kernel name, the family's own first."""
+    return {i.kernel: load_spec(i) for i in family.implementations}
+
+
 def builtin_kernels() -> dict[str, KernelSpec]:
-    """The kernels shipped with tiletune, by name: the portable ones, their Triton and native versions."""
-    modules = [
-        f"tiletune.kernels.{kernel}.{impl}" for impl in IMPLEMENTATION_MODULES for kernel in BUILTIN_KERNELS
-    ]
-    specs = [_as_spec(importlib.import_module(module).SPEC, module) for module in modules]
-    return {spec.name: spec for spec in specs}
+    """The kernels shipped with tiletune, by name: every implementation of every built-in family."""
+    return {name: spec for f in builtin_families().values() for name, spec in family_kernels(f).items()}
 
 
-def build_time_kernels() -> dict[str, KernelSpec]:
-    """The kernels shipped with tiletune whose configs are builds (``compiled_matmul``), by name:
-    each package's ``spec`` module (importing it compiles nothing)."""
-    modules = [f"tiletune.kernels.{kernel}.spec" for kernel in BUILD_TIME_KERNELS]
-    specs = [_as_spec(importlib.import_module(module).SPEC, module) for module in modules]
-    return {spec.name: spec for spec in specs}
+def _plugin_family_kernels(taken: frozenset[str]) -> dict[str, KernelSpec]:
+    """The specs of the plugin families (``tiletune.families``); a family whose specs fail to load
+    is a warning and skipped."""
+    kernels: dict[str, KernelSpec] = {}
+    for family in plugin_families(taken).values():
+        try:
+            kernels.update(family_kernels(family))
+        except Exception as error:  # a broken plugin must not break the built-ins
+            warnings.warn(f"skipping kernel plugin family {family.name!r}: {error}", stacklevel=2)
+    return kernels
 
 
 @cache
 def all_kernels() -> dict[str, KernelSpec]:
-    """Built-ins (the build-time ones last), the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is
-    set, then plugin kernels from the ``tiletune.kernels`` entry points. Read once per process."""
-    kernels: dict[str, KernelSpec] = {
-        **builtin_kernels(),
-        **build_time_kernels(),
-        **registered_replay_kernels(),
-    }
+    """Built-ins, the replay kernels when ``$TILETUNE_REPLAY_KERNELS`` is set, the plugin families
+    (``tiletune.families``), then the older group's plugin kernels (``tiletune.kernels``). Read
+    once per process."""
+    kernels: dict[str, KernelSpec] = {**builtin_kernels(), **registered_replay_kernels()}
+    kernels.update(_plugin_family_kernels(frozenset(kernels)))
     for entry in importlib.metadata.entry_points(group=KERNELS_ENTRY_POINT_GROUP):
         try:
             spec = _as_spec(entry.load(), f"entry point {entry.name} ({entry.value})")

@@ -48,11 +48,17 @@ def run_config(
     return op(inputs)
 
 
-def untuned_runs_vendor(spec: KernelSpec, shape: Shape, device_kind: str, backend: str) -> bool:
-    """Whether an operator call with no measured answer for its key runs torch's op (True) or the
-    kernel's rule (False): torch's op wherever the kernel has one for the call, so a patched model
-    is never slower than torch before it is tuned; the rule where the kernel's figures show it
-    faster than torch's op on the implementation ``backend`` (``KernelSpec.rule_beats_vendor``)."""
+def untuned_vendor_op(spec: KernelSpec, shape: Shape, device_kind: str, backend: str) -> VendorOp | None:
+    """What an operator call with no measured answer for its key runs: torch's op (returned)
+    wherever the kernel has one for the call, so a patched model is never slower than torch before
+    it is tuned; None (the kernel's rule) where there is none, or where the kernel's figures show
+    the rule faster than torch's op on the implementation ``backend`` (``KernelSpec.rule_beats_vendor``)."""
     if backend in spec.rule_beats_vendor:
-        return False
-    return vendor_op(spec, shape, device_kind) is not None
+        return None
+    return vendor_op(spec, shape, device_kind)
+
+
+def untuned_runs_vendor(spec: KernelSpec, shape: Shape, device_kind: str, backend: str) -> bool:
+    """Whether an operator call with no measured answer runs torch's op (True) or the kernel's rule
+    (False): :func:`untuned_vendor_op` is not None."""
+    return untuned_vendor_op(spec, shape, device_kind, backend) is not None

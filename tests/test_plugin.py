@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tiletune.kernels.declarations import BUILD_TIME_KERNELS, BUILTIN_KERNELS
+from tiletune.kernels.declarations import builtin_declarations
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "gelu_plugin"
 
@@ -88,7 +88,8 @@ def test_a_broken_plugin_is_skipped_with_a_warning(tmp_path: Path) -> None:
 
 
 def test_a_server_reads_the_plugins_declaration_without_torch(plugin_path: Path) -> None:
-    """The plugin's space (entry point ``tiletune.spaces``) loads where torch cannot: a server's."""
+    """The plugin's family (entry point ``tiletune.families``) and its space load where torch cannot:
+    a server's."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
         "from tiletune.client.space import DeviceLimits\n"
@@ -103,29 +104,42 @@ def test_a_server_reads_the_plugins_declaration_without_torch(plugin_path: Path)
     )
 
     assert result.returncode == 0, result.stderr
-    # every built-in kernel declared thrice (portable, native, Triton), each build-time kernel once,
-    # then the plugin's
-    declared = str(3 * len(BUILTIN_KERNELS) + len(BUILD_TIME_KERNELS) + 1)
+    # every implementation of every built-in family, then the plugin's
+    declared = str(len(builtin_declarations()) + 1)
     assert result.stdout.split() == ["GeluDeclaration", "{'tile_size':", "1024}", declared]
 
 
-def test_a_plugin_declaring_only_a_spec_is_declared_by_its_spec(tmp_path: Path) -> None:
-    """A plugin written before spaces were declared apart (one ``tiletune.kernels`` entry point)
-    is declared by its spec where torch is installed."""
+OLD_SPEC_GROUP = '[project.entry-points."tiletune.kernels"]\ngelu = "tiletune_example_gelu.spec:SPEC"\n'
+OLD_SPACE_GROUP = '[project.entry-points."tiletune.spaces"]\ngelu = "tiletune_example_gelu.space:GELU"\n'
+
+
+@pytest.mark.parametrize(
+    ("groups", "declared_by"),
+    [((OLD_SPEC_GROUP,), "GeluSpec"), ((OLD_SPACE_GROUP, OLD_SPEC_GROUP), "GeluDeclaration")],
+    ids=["spec only", "space and spec"],
+)
+def test_a_plugin_of_the_older_groups_still_loads(
+    tmp_path: Path, groups: tuple[str, ...], declared_by: str
+) -> None:
+    """A plugin written before families (entry points ``tiletune.spaces`` and ``tiletune.kernels``,
+    or only the latter, before spaces were declared apart) is declared and runs as before."""
     source = tmp_path / "old"
     shutil.copytree(EXAMPLE, source)
     pyproject = source / "pyproject.toml"
-    text = pyproject.read_text()
-    pyproject.write_text(text.replace('[project.entry-points."tiletune.spaces"]\ngelu = ', "# "))
+    text = pyproject.read_text().replace('[project.entry-points."tiletune.families"]\ngelu = ', "# ")
+    pyproject.write_text(text + "\n" + "\n".join(groups))
     target = pip_install(source, tmp_path / "site")
-    code = "from tiletune.kernels import get_declaration; print(type(get_declaration('gelu')).__name__)"
+    code = (
+        "from tiletune.kernels import get_declaration, get_kernel\n"
+        "print(type(get_declaration('gelu')).__name__, type(get_kernel('gelu')).__name__)"
+    )
     env = {**os.environ, "PYTHONPATH": str(target)}
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False, timeout=60
     )
 
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "GeluSpec"
+    assert result.stdout.split() == [declared_by, "GeluSpec"]
 
 
 OPERATOR_CHECK = """

@@ -127,7 +127,3 @@ class TritonAddDeclaration(TritonDeclaration, AddDeclaration):
             "block_size": snap_down(block, blocks),
             **self.launch_defaults(rule, TILES_PER_PROGRAM, limits),
         }
-
-
-#: The kernels this file declares: ``add`` and its native and Triton versions.
-DECLARATIONS = (AddDeclaration(), NativeAddDeclaration(), TritonAddDeclaration())

@@ -60,7 +60,3 @@ class CompiledMatmulDeclaration(NativeDeclaration, MatmulDeclaration):
     def backward_keys(self, shape: Shape) -> list[tuple[str, Shape]]:
         """None: the gradients of a call are other kernels' business (this one is tuned, not trained)."""
         return []
-
-
-#: The kernels this file declares.
-DECLARATIONS = (CompiledMatmulDeclaration(),)

@@ -276,11 +276,3 @@ def triton_attention_default(
         knob: values[knob][-1] if small else snap_down(side, values[knob]) for knob in ("block_q", "block_kv")
     }
     return {**blocks, **declaration.launch_defaults(rule, declaration.loop_steps(blocks, shape), limits)}
-
-
-#: The kernels this file declares: ``fused_attention`` and its native and Triton versions.
-DECLARATIONS = (
-    FusedAttentionDeclaration(),
-    NativeFusedAttentionDeclaration(),
-    TritonFusedAttentionDeclaration(),
-)

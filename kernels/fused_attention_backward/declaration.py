@@ -239,11 +239,3 @@ class TritonFusedAttentionBackwardDeclaration(TritonDeclaration, FusedAttentionB
         """The forward Triton kernel's rule: square blocks of the rule's tile elements (whole dims for
         tiny problems), stages and warps from :meth:`launch_defaults`."""
         return triton_attention_default(self, shape, dtype, limits)
-
-
-#: The kernels this file declares: ``fused_attention_backward`` and its native and Triton versions.
-DECLARATIONS = (
-    FusedAttentionBackwardDeclaration(),
-    NativeFusedAttentionBackwardDeclaration(),
-    TritonFusedAttentionBackwardDeclaration(),
-)

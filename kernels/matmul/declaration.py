@@ -183,7 +183,3 @@ class TritonMatmulDeclaration(TritonDeclaration, MatmulDeclaration):
             for knob in ("block_m", "block_n", "block_k")
         }
         return {**blocks, **self.launch_defaults(rule, self.loop_steps(blocks, shape), limits)}
-
-
-#: The kernels this file declares: ``matmul`` and its native and Triton versions.
-DECLARATIONS = (MatmulDeclaration(), NativeMatmulDeclaration(), TritonMatmulDeclaration())

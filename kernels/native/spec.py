@@ -13,7 +13,6 @@ all of torch's threads here; :func:`preferred_backend` is how a CPU run picks it
 
 from __future__ import annotations
 
-import importlib
 from abc import abstractmethod
 from collections.abc import Sequence
 from types import ModuleType
@@ -22,9 +21,11 @@ import torch
 
 from tiletune.kernels.declaration import PORTABLE_BACKEND, Config, Shape
 from tiletune.kernels.errors import DeviceUnavailableError
+from tiletune.kernels.family import family_of
 from tiletune.kernels.native.build import native_module, native_status
 from tiletune.kernels.native.space import NATIVE_BACKEND, NativeDeclaration, in_preference
 from tiletune.kernels.pipeline import require_backend
+from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import KernelSpec
 
 
@@ -48,10 +49,15 @@ def preferred_backend(spec: KernelSpec, device_kind: str) -> str:
 
 
 def native_twin(kernel: str) -> NativeSpec:
-    """The native kernel of the portable kernel called ``kernel`` (``add`` → ``native_add``)."""
-    spec = importlib.import_module(f"tiletune.kernels.{kernel}.native").SPEC
+    """The native kernel of the portable kernel called ``kernel``: its family's ``native``
+    implementation (``add`` → ``native_add``)."""
+    family = family_of(kernel)
+    native = None if family is None else family.implementation(NATIVE_BACKEND)
+    if native is None:
+        raise TypeError(f"kernel {kernel!r} has no native implementation")
+    spec = get_kernel(native.kernel)
     if not isinstance(spec, NativeSpec):
-        raise TypeError(f"tiletune.kernels.{kernel}.native.SPEC is not a NativeSpec")
+        raise TypeError(f"{native.spec} is not a NativeSpec")
     return spec
 
 

@@ -12,7 +12,8 @@ the current source gives for the call's shape.
 - ``fused_attention`` gives ``(out, lse)`` (:func:`run_attention`): its spec's ``attend``; its
   backward kernel's ``gradients`` gives ``(dq, dk, dv)`` (:func:`run_attention_backward`).
 - A backward kernel (``rms_norm_backward``) may give several tensors: :func:`run_kernel` returns them all.
-- CUDA: the Triton kernel (``triton_<kernel>``, its own key) where triton runs, else the portable one.
+- CUDA: the family's Triton implementation (its own kernel, its own key) where triton runs, else the
+  portable one.
 - Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
 - float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
 - Mixed dtypes, as autocast hands them over (bf16 or fp16 activations, fp32 weights), run in the
@@ -25,11 +26,13 @@ Called inside the operators' implementations, so at run time, with real tensors.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 
 import torch
 
 from tiletune.client.space import is_vendor
 from tiletune.kernels import vendor
+from tiletune.kernels.family import family_of
 from tiletune.kernels.fused_attention import formula
 from tiletune.kernels.fused_attention import vendor as attention_vendor
 from tiletune.kernels.fused_attention.formula import AttentionSaved
@@ -40,19 +43,22 @@ from tiletune.kernels.fused_attention_backward.portable import FusedAttentionBac
 from tiletune.kernels.launcher import Selection, select_config
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops.source import current_source
-from tiletune.kernels.registry import all_kernels, get_kernel
-from tiletune.kernels.spec import KernelOutput, KernelSpec, dtype_name
+from tiletune.kernels.registry import get_kernel
+from tiletune.kernels.spec import KernelOutput, KernelSpec, VendorOp, dtype_name
 from tiletune.kernels.triton.space import TRITON_BACKEND
 
 
+@cache
 def implementation(kernel: str, device_kind: str) -> tuple[KernelSpec, str]:
     """The spec whose config a call of ``kernel`` on a ``device_kind`` device looks up, and the
-    backend that runs it (see the module docstring)."""
-    triton_name = f"triton_{kernel}"
-    if device_kind == "cuda" and triton_name in all_kernels():  # a plugin may have no Triton twin
-        triton = get_kernel(triton_name)
-        if triton.supports("cuda"):
-            return triton, TRITON_BACKEND
+    backend that runs it (see the module docstring). Decided once per process: the kernels, the
+    native build and triton's presence are read once too."""
+    family = family_of(kernel)
+    triton = None if family is None else family.implementation(TRITON_BACKEND)
+    if device_kind == "cuda" and triton is not None:  # a plugin may have no Triton implementation
+        triton_spec = get_kernel(triton.kernel)
+        if triton_spec.supports("cuda"):
+            return triton_spec, TRITON_BACKEND
     spec = get_kernel(kernel)
     return spec, preferred_backend(spec, device_kind)
 
@@ -80,6 +86,15 @@ def runs_vendor(selection: Selection, device_kind: str, backend: str) -> bool:
     return vendor.untuned_runs_vendor(selection.spec, selection.shape, device_kind, backend)
 
 
+def vendor_to_run(selection: Selection, device_kind: str, backend: str) -> VendorOp | None:
+    """torch's op where a call runs it (as :func:`runs_vendor` decides), else None: one lookup."""
+    if is_vendor(selection.config):
+        return vendor.vendor_op(selection.spec, selection.shape, device_kind)
+    if selection.measured:
+        return None
+    return vendor.untuned_vendor_op(selection.spec, selection.shape, device_kind, backend)
+
+
 def contiguous(output: KernelOutput) -> KernelOutput:
     """A kernel's output (one tensor or several) with every tensor contiguous."""
     if isinstance(output, tuple):
@@ -98,9 +113,8 @@ def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool)
         return contiguous(spec.reference(inputs, shape))
     spec, backend = runner
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, **dims)
-    if runs_vendor(selection, inputs[0].device.type, backend):
-        op = vendor.vendor_op(spec, selection.shape, inputs[0].device.type)
-        assert op is not None  # the launcher refuses a vendor answer torch has no op for
+    op = vendor_to_run(selection, inputs[0].device.type, backend)
+    if op is not None:  # the launcher refuses a vendor answer torch has no op for
         return contiguous(op(inputs))
     return contiguous(spec.run(inputs, selection.config, selection.shape, backend))
 

@@ -80,7 +80,3 @@ class TritonRmsNormDeclaration(TritonRowDeclaration, RmsNormDeclaration):
     def _state_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """The slice of ``w`` loaded with each block."""
         return config["block_cols"] * element_size(dtype) * config["num_stages"]
-
-
-#: The kernels this file declares: ``rms_norm`` and its native and Triton versions.
-DECLARATIONS = (RmsNormDeclaration(), NativeRmsNormDeclaration(), TritonRmsNormDeclaration())

@@ -126,11 +126,3 @@ class TritonRmsNormBackwardDeclaration(TritonRowDeclaration, RmsNormBackwardDecl
         block_rows, block_cols = config["block_rows"], config["block_cols"]
         blocks = (2 * block_rows + 1) * block_cols * element_size(dtype) * config["num_stages"]
         return blocks + block_cols * FLOAT32_BYTES
-
-
-#: The kernels this file declares: ``rms_norm_backward`` and its native and Triton versions.
-DECLARATIONS = (
-    RmsNormBackwardDeclaration(),
-    NativeRmsNormBackwardDeclaration(),
-    TritonRmsNormBackwardDeclaration(),
-)

@@ -203,7 +203,3 @@ class TritonSoftmaxDeclaration(TritonRowDeclaration, SoftmaxDeclaration):
     backward_kernel = "triton_softmax_backward"
     version = 1
     description = "softmax in Triton: block_rows rows per program, online softmax across column blocks"
-
-
-#: The kernels this file declares: ``softmax`` and its native and Triton versions.
-DECLARATIONS = (SoftmaxDeclaration(), NativeSoftmaxDeclaration(), TritonSoftmaxDeclaration())

@@ -124,11 +124,3 @@ class TritonSoftmaxBackwardDeclaration(TritonRowDeclaration, SoftmaxBackwardDecl
     def _state_bytes(self, config: Config, shape: Shape, dtype: str) -> int:
         """The ``g`` block loaded beside each ``y`` block (the row sums live in registers)."""
         return config["block_rows"] * config["block_cols"] * element_size(dtype) * config["num_stages"]
-
-
-#: The kernels this file declares: ``softmax_backward`` and its native and Triton versions.
-DECLARATIONS = (
-    SoftmaxBackwardDeclaration(),
-    NativeSoftmaxBackwardDeclaration(),
-    TritonSoftmaxBackwardDeclaration(),
-)

@@ -91,13 +91,16 @@ def _format_config(config: Config) -> str:
 
 def _kernel_source(name: str) -> str:
     from tiletune.kernels.declarations import KERNELS_ENTRY_POINT_GROUP
-    from tiletune.kernels.registry import builtin_kernels
+    from tiletune.kernels.family import FAMILIES_ENTRY_POINT_GROUP, builtin_families, family_of
     from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, REPLAY_PREFIX
     from tiletune.kernels.replay.spec import registered_replay_kernels
 
     if name.startswith(REPLAY_PREFIX) and name in registered_replay_kernels():
         return f"replay (${REPLAY_KERNELS_ENV})"
-    return "builtin" if name in builtin_kernels() else f"plugin ({KERNELS_ENTRY_POINT_GROUP})"
+    family = family_of(name)
+    if family is None:
+        return f"plugin ({KERNELS_ENTRY_POINT_GROUP})"
+    return "builtin" if family.name in builtin_families() else f"plugin ({FAMILIES_ENTRY_POINT_GROUP})"
 
 
 def _dim_label(dim: Dim) -> str:

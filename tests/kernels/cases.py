@@ -7,9 +7,28 @@ import math
 import torch
 
 from tiletune.kernels.declaration import Shape
+from tiletune.kernels.family import builtin_families
+from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.spec import KernelOutput, KernelSpec
+from tiletune.kernels.triton.space import TRITON_BACKEND
 
 CPU = torch.device("cpu")
+
+#: The built-in families with tiled implementations (the portable pipeline, native C++, Triton),
+#: by their own kernels' names.
+TILED_FAMILIES = tuple(name for name, f in builtin_families().items() if f.implementation(TRITON_BACKEND))
+
+
+def implementation_of(family: str, backend: str) -> str:
+    """The kernel name of the built-in ``family``'s implementation ``backend``."""
+    implementation = builtin_families()[family].implementation(backend)
+    assert implementation is not None, (family, backend)
+    return implementation.kernel
+
+
+#: Each tiled family's Triton and native kernels, in the families' order.
+TRITON_KERNELS = tuple(implementation_of(family, TRITON_BACKEND) for family in TILED_FAMILIES)
+NATIVE_KERNELS = tuple(implementation_of(family, NATIVE_BACKEND) for family in TILED_FAMILIES)
 
 #: Shapes per portable kernel that no tile divides evenly (and a few that some tiles do).
 SHAPES: dict[str, list[Shape]] = {

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
+from tests.kernels.cases import TILED_FAMILIES
 from tiletune.kernels.declaration import Shape
-from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ConfigError, ShapeError
 from tiletune.kernels.registry import builtin_kernels
@@ -196,7 +196,7 @@ def test_default_follows_the_hand_written_rule(
     assert spec.default_config(spec.parse_shape(shape), "float32", limits) == expected
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_default_is_a_member_of_the_knob_values_and_valid_here(name: str, dtype: str) -> None:
     spec = KERNELS[name]
@@ -207,7 +207,7 @@ def test_default_is_a_member_of_the_knob_values_and_valid_here(name: str, dtype:
         assert default in spec.space(shape, dtype, cpu_chip().limits)
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_space_holds_exactly_the_valid_configs(name: str) -> None:
     spec = KERNELS[name]
     limits = DeviceLimits(local_memory_bytes=64 * 1024, max_buffer_num=3)
@@ -228,7 +228,7 @@ def largest(name: str, shape: Shape, buffer_num: int, depth: int) -> dict[str, i
     return {**config, "buffer_num": buffer_num, "pipeline_depth": depth}
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_constraints_reject_with_a_reason(name: str) -> None:
     spec = KERNELS[name]
     shape = TYPICAL[name][0]
@@ -242,7 +242,7 @@ def test_constraints_reject_with_a_reason(name: str) -> None:
     assert "exceeds the chip's 2 buffers" in (spec.invalid_reason(many, shape, "float32", two_buffers) or "")
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_working_set_counts_every_buffer_slot(name: str) -> None:
     spec = KERNELS[name]
     shape = TYPICAL[name][0]

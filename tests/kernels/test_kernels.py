@@ -9,33 +9,31 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.kernels.cases import one_tensor
+from tests.kernels.cases import NATIVE_KERNELS, TILED_FAMILIES, TRITON_KERNELS, one_tensor
 from tiletune.kernels.declaration import Shape
-from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
+from tiletune.kernels.family import builtin_families
 from tiletune.kernels.registry import builtin_kernels
 
 from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference, with_grouping
-
-TRITON_KERNELS = tuple(f"triton_{kernel}" for kernel in BUILTIN_KERNELS)
-NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
 
 
-def test_every_builtin_module_exposes_a_versioned_spec() -> None:
-    assert list(KERNELS) == [*BUILTIN_KERNELS, *TRITON_KERNELS, *NATIVE_KERNELS]
+def test_every_builtin_family_exposes_a_versioned_spec_per_implementation() -> None:
+    tiled = zip(TILED_FAMILIES, NATIVE_KERNELS, TRITON_KERNELS, strict=True)
+    assert [name for name in KERNELS if name != "compiled_matmul"] == [k for names in tiled for k in names]
     changed = {"matmul", "fused_attention"}  # version 2: layout dims; kv_heads, mask and causal=2
-    for spec in KERNELS.values():
-        kernel = spec.name.removeprefix("triton_").removeprefix("native_")
-        assert spec.version == (2 if kernel in changed else 1), spec.name
-        family = spec.name.split("_")[0]
-        expected = {"triton": ("triton",), "native": ("native",)}.get(family, ("torch", "native"))
-        assert spec.backends() == expected
+    for name in TILED_FAMILIES:
+        for implementation in builtin_families()[name].implementations:
+            spec = KERNELS[implementation.kernel]
+            assert spec.version == (2 if name in changed else 1), spec.name
+            own = implementation.backend == "torch"  # the portable spec also runs the native C++
+            assert spec.backends() == (("torch", "native") if own else (implementation.backend,))
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
     spec = KERNELS[name]
     rng = random.Random(name)
@@ -47,7 +45,7 @@ def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
     spec = KERNELS[name]
     shape = SHAPES[name][1]
@@ -71,7 +69,7 @@ def shapes_and_configs(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int
     return shape, config, dtype
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_random_shapes_and_valid_configs_match_the_reference(name: str) -> None:
     @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
     @given(case=shapes_and_configs(name))
@@ -82,7 +80,7 @@ def test_random_shapes_and_valid_configs_match_the_reference(name: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_inputs_are_deterministic_per_seed(name: str) -> None:
     spec = KERNELS[name]
     shape = SHAPES[name][1]
@@ -91,7 +89,7 @@ def test_inputs_are_deterministic_per_seed(name: str) -> None:
     assert not torch.equal(first[0], other[0])
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_flops_and_bytes_are_positive_and_grow_with_the_shape(name: str) -> None:
     spec = KERNELS[name]
     small, large = SHAPES[name][0], SHAPES[name][-1]

@@ -13,9 +13,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.kernels.cases import NATIVE_KERNELS, TILED_FAMILIES
 from tiletune.client.space import DeviceLimits
 from tiletune.kernels.declaration import Shape
-from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import CpuDevice, cpu_chip
 from tiletune.kernels.native.build import native_status
 from tiletune.kernels.native.space import NATIVE_BACKEND
@@ -24,8 +24,6 @@ from tiletune.kernels.registry import builtin_kernels
 from tiletune.tuner.measure.bench import KernelBench
 
 from .cases import CPU, DIM_BOUNDS, SHAPES, assert_matches_reference, with_grouping
-
-NATIVE_KERNELS = tuple(f"native_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 LIMITS = cpu_chip().limits
@@ -46,7 +44,7 @@ def native(name: str) -> NativeSpec:
 
 
 def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
-    for name in BUILTIN_KERNELS:
+    for name in TILED_FAMILIES:
         spec = native(name)
         portable = KERNELS[name]
         assert spec.name in NATIVE_KERNELS
@@ -63,7 +61,7 @@ def test_native_kernels_are_registered_beside_the_portable_ones() -> None:
         assert preferred_backend(portable, "cuda") == "torch"
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -> None:
     spec = native(name)
     rng = random.Random(name)
@@ -75,7 +73,7 @@ def test_a_sample_of_valid_configs_matches_the_reference_in_float32(name: str) -
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_low_precision_configs_match_the_reference(name: str, dtype: str) -> None:
     spec = native(name)
     rng = random.Random(f"{name}/{dtype}")
@@ -100,7 +98,7 @@ def shape_and_config(draw: st.DrawFn, name: str) -> tuple[Shape, dict[str, int]]
     return shape, draw(st.sampled_from(space))
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(shape_and_config(name))
@@ -111,7 +109,7 @@ def test_random_shapes_and_configs_match_the_reference(name: str) -> None:
     check()
 
 
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_the_portable_kernels_native_implementation_runs_their_configs(name: str) -> None:
     portable = KERNELS[name]
     for shape in SHAPES[name]:
@@ -137,7 +135,7 @@ def test_more_cores_than_tiles_is_invalid_and_the_default_never_idles_a_core() -
         reason = spec.invalid_reason(one_tile, shape, "float32", LIMITS)
         assert reason is not None
         assert "block_dim=2" in reason
-    for name in BUILTIN_KERNELS:
+    for name in TILED_FAMILIES:
         for shape in SHAPES[name]:
             kernel = native(name)
             default = kernel.default_config(shape, "float32", LIMITS)

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.kernels.cases import TILED_FAMILIES
 from tests.kernels.test_launch import ScaleSpec, load_gelu_plugin
 from tiletune.client.wire import MAX_DIM
 from tiletune.kernels.declaration import MAX_TENSOR_BYTES, WIDEST_DTYPE, Shape, format_bytes
-from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.fused_attention import portable as fused_attention
@@ -127,7 +127,7 @@ def reference_bytes(spec: KernelSpec, shape: Shape, dtype: str) -> tuple[list[in
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("name", BUILTIN_KERNELS)
+@pytest.mark.parametrize("name", TILED_FAMILIES)
 def test_declared_tensors_are_the_tensors_of_a_call(name: str, dtype: str) -> None:
     spec = KERNELS[name]
     shape = SHAPES[name][1]

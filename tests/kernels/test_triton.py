@@ -19,9 +19,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.kernels.cases import one_tensor
+from tests.kernels.cases import TILED_FAMILIES, TRITON_KERNELS, one_tensor
 from tiletune.kernels.declaration import Config, Shape
-from tiletune.kernels.declarations import BUILTIN_KERNELS
 from tiletune.kernels.device import CpuDevice, ascend_limits
 from tiletune.kernels.errors import DeviceUnavailableError
 from tiletune.kernels.registry import builtin_kernels
@@ -29,8 +28,6 @@ from tiletune.kernels.spec import DeviceLimits
 from tiletune.kernels.triton import spec as triton_spec
 from tiletune.kernels.triton.spec import INTERPRET_ENV, TritonSpec, triton_installed
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
-
-TRITON_KERNELS = tuple(f"triton_{kernel}" for kernel in BUILTIN_KERNELS)
 
 KERNELS = builtin_kernels()
 
@@ -462,7 +459,7 @@ def test_supports_cuda_with_triton_cpu_only_in_the_interpreter_npu_with_triton_a
     assert not spec.supports("tpu")
     monkeypatch.setattr(triton_spec, "triton_installed", lambda: False)
     assert not spec.supports("cuda")
-    for name in BUILTIN_KERNELS:  # the portable kernels run everywhere
+    for name in TILED_FAMILIES:  # the portable kernels run everywhere
         assert all(KERNELS[name].supports(kind) for kind in ("cpu", "cuda", "npu"))
 
 
@@ -518,11 +515,14 @@ def test_specs_import_list_and_constrain_without_triton() -> None:
         import torch
         from tiletune.kernels.device import cpu_chip
         from tiletune.kernels.errors import DeviceUnavailableError
-        from tiletune.kernels.declarations import BUILTIN_KERNELS
+        from tiletune.kernels.family import builtin_families
         from tiletune.kernels.registry import builtin_kernels
 
         kernels = builtin_kernels()
-        for name in (f"triton_{kernel}" for kernel in BUILTIN_KERNELS):
+        implementations = [i for f in builtin_families().values() for i in f.implementations]
+        triton = [i.kernel for i in implementations if i.backend == "triton"]
+        assert len(triton) == 8
+        for name in triton:
             spec = kernels[name]
             assert not any(spec.supports(kind) for kind in ("cpu", "cuda", "npu")), name
         spec = kernels["triton_add"]
@@ -572,8 +572,7 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
     result = run_python(
         """
         from tiletune.kernels.device import get_device
-        from tiletune.kernels.declarations import BUILTIN_KERNELS
-        from tiletune.kernels.registry import builtin_kernels
+                from tiletune.kernels.registry import builtin_kernels
         from tiletune.tuner.measure.bench import KernelBench
 
         device = get_device("cuda")
@@ -591,7 +590,7 @@ def test_kernels_compile_and_match_on_a_gpu() -> None:
                 "batch": 2, "heads": 4, "seq_q": 300, "seq_kv": 500, "head_dim": 64, "causal": 1
             },
         }
-        for name in (f"triton_{kernel}" for kernel in BUILTIN_KERNELS):
+        for name in shapes:
             spec, shape = builtin_kernels()[name], shapes[name]
             for dtype in ("float32", "float16", "bfloat16"):
                 bench = KernelBench(spec, shape, dtype, device)

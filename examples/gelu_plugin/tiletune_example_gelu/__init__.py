@@ -1,1 +1,2 @@
-"""An example tiletune plugin: a tiled GELU. ``space`` declares it (torch-free), ``spec`` runs it."""
+"""An example tiletune plugin: a tiled GELU. ``family`` is its record (what tiletune discovers),
+``space`` declares it (torch-free), ``spec`` runs it."""
