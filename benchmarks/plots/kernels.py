@@ -142,7 +142,15 @@ def plot_gpu_check(document: dict[str, Any]) -> Figure:
         "tuned": ("tab:blue", "o", times("tuned")),
         "PyTorch (flash SDPA; torch.matmul)": ("tab:orange", "^", times("torch")),
     }
-    figure, axis = plt.subplots(figsize=(max(8.0, 1.2 * len(keys) + 2), 4.6))
+    families = document.get("families")
+    width = max(8.0, 1.2 * len(keys) + 2)
+    if families is None:
+        figure, axis = plt.subplots(figsize=(width, 4.6))
+    else:
+        figure, (axis, family_axis) = plt.subplots(
+            1, 2, figsize=(width + 6, 4.6), gridspec_kw={"width_ratios": [len(keys), 5]}
+        )
+        _plot_families(family_axis, families)
     _ratio_dots(axis, labels, series, reference="PyTorch (flash SDPA; torch.matmul)")
     axis.axhline(
         1.2, color="tab:red", linewidth=0.8, linestyle=":", label="goal: attention ≤ 1.2× flash SDPA"
@@ -159,6 +167,29 @@ def plot_gpu_check(document: dict[str, Any]) -> Figure:
     axis.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.16))
     figure.tight_layout()
     return figure
+
+
+def _plot_families(axis: Axes, families: dict[str, Any]) -> None:
+    """Each Triton kernel's default config, time over torch's op's (where torch has one on CUDA);
+    a cross marks a kernel whose output missed its reference."""
+    rows = [i for i in families["implementations"] if "times_ms" in i or not i.get("correct", True)]
+    positions = np.arange(len(rows))[::-1]
+    ratios = [i.get("triton_over_torch") or 0.0 for i in rows]
+    colours = ["tab:blue" if i.get("correct") else "tab:red" for i in rows]
+    axis.barh(positions, ratios, color=colours)
+    for position, row in zip(positions, rows, strict=True):
+        if not row.get("correct"):
+            axis.plot([0.05], [position], marker="x", color="tab:red")
+    axis.axvline(1.0, color="black", linewidth=0.8)
+    labels = [f"{i['kernel'].replace('_', ' ')} {i['dtype'].replace('float', 'fp')}" for i in rows]
+    axis.set_yticks(positions, labels, fontsize=7)
+    axis.set_xlabel("Triton default's time ÷ torch's op's\n(red: missed its reference; 0: no torch op)")
+    goals = families["goals"]
+    axis.set_title(
+        f"every family's Triton kernel: correct {goals['every_triton_kernel_correct']}, "
+        f"tuned keys never slower than torch {goals['no_tuned_key_slower_than_torch']}",
+        fontsize=8,
+    )
 
 
 def plot_untuned_choice(document: dict[str, Any]) -> Figure:
