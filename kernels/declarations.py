@@ -62,9 +62,15 @@ def builtin_declarations() -> dict[str, KernelDeclaration]:
 
 def family_declarations(taken: frozenset[str]) -> dict[str, KernelDeclaration]:
     """The declarations of the plugin families (``tiletune.families``), by name; a family declaring
-    a name in ``taken`` is a warning and skipped."""
-    families = plugin_families(taken)
-    return {i.kernel: i.declaration for family in families.values() for i in family.implementations}
+    a name in ``taken`` (a replay kernel's) is a warning and skipped."""
+    declared: dict[str, KernelDeclaration] = {}
+    for family in plugin_families().values():
+        clash = sorted(taken.intersection(family.kernels))
+        if clash:
+            warnings.warn(f"skipping kernel plugin {family.name!r}: name {clash[0]!r} is taken", stacklevel=2)
+            continue
+        declared.update({i.kernel: i.declaration for i in family.implementations})
+    return declared
 
 
 def plugin_declarations(group: str, skip: frozenset[str] = frozenset()) -> dict[str, KernelDeclaration]:

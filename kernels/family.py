@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from tiletune.kernels.declaration import KernelDeclaration
+from tiletune.kernels.declaration import PORTABLE_BACKEND, KernelDeclaration
+from tiletune.kernels.native.space import NATIVE_BACKEND
+from tiletune.kernels.triton.space import TRITON_BACKEND
 
 #: The entry-point group of plugin families (a :class:`Family` each).
 FAMILIES_ENTRY_POINT_GROUP = "tiletune.families"
@@ -92,6 +94,22 @@ class Family:
         return tuple(i.kernel for i in self.implementations)
 
 
+def tiled_family(
+    package: str, portable: KernelDeclaration, native: KernelDeclaration, triton: KernelDeclaration
+) -> Family:
+    """A family of the three tiled implementations, named as ``portable`` declares: the tiled PyTorch
+    pipeline, the native C++ and the Triton kernel, each the ``SPEC`` of its module of ``package``
+    (``portable``, ``native``, ``triton``), as every built-in family but ``compiled_matmul`` has them."""
+    return Family(
+        portable.name,
+        (
+            Implementation(PORTABLE_BACKEND, portable, f"{package}.portable:SPEC"),
+            Implementation(NATIVE_BACKEND, native, f"{package}.native:SPEC"),
+            Implementation(TRITON_BACKEND, triton, f"{package}.triton:SPEC"),
+        ),
+    )
+
+
 def _as_family(obj: object, origin: str) -> Family:
     if not isinstance(obj, Family):
         raise TypeError(f"{origin} is {type(obj).__name__}, not a Family")
@@ -111,6 +129,7 @@ def _family_folders() -> list[str]:
     )
 
 
+@cache
 def builtin_families() -> dict[str, Family]:
     """The families shipped with tiletune, by name: one per folder of ``kernels/`` with a ``family.py``."""
     families = {}
@@ -121,7 +140,7 @@ def builtin_families() -> dict[str, Family]:
     return families
 
 
-def plugin_families(taken: frozenset[str]) -> dict[str, Family]:
+def _load_plugin_families(taken: frozenset[str]) -> dict[str, Family]:
     """The families of the ``tiletune.families`` entry points, by name; one that fails to load or
     declares a kernel name in ``taken`` (or another plugin's) is a warning and skipped."""
     families: dict[str, Family] = {}
@@ -146,7 +165,13 @@ def all_families() -> dict[str, Family]:
     """The built-in families, then the plugins' (``tiletune.families``). Read once per process."""
     builtin = builtin_families()
     taken = frozenset(kernel for family in builtin.values() for kernel in family.kernels)
-    return {**builtin, **plugin_families(taken)}
+    return {**builtin, **_load_plugin_families(taken)}
+
+
+def plugin_families() -> dict[str, Family]:
+    """The plugins' families (:func:`all_families` but the built-ins), by name."""
+    builtin = builtin_families()
+    return {name: family for name, family in all_families().items() if name not in builtin}
 
 
 @cache

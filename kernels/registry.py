@@ -66,10 +66,12 @@ def builtin_kernels() -> dict[str, KernelSpec]:
 
 
 def _plugin_family_kernels(taken: frozenset[str]) -> dict[str, KernelSpec]:
-    """The specs of the plugin families (``tiletune.families``); a family whose specs fail to load
-    is a warning and skipped."""
+    """The specs of the plugin families (``tiletune.families``) whose names are not ``taken``; a
+    family whose specs fail to load is a warning and skipped."""
     kernels: dict[str, KernelSpec] = {}
-    for family in plugin_families(taken).values():
+    for family in plugin_families().values():
+        if taken.intersection(family.kernels):
+            continue  # declared by a replay kernel: tiletune.kernels.declarations warns
         try:
             kernels.update(family_kernels(family))
         except Exception as error:  # a broken plugin must not break the built-ins

@@ -5,7 +5,7 @@ family is checked with no edit here), at one shape per family, in float16 and bf
 
 - the Triton kernel under its default rule's config, checked against the family's reference
   (the bench's own check: the tolerance a worker applies) and timed, interleaved with torch's op
-  where the family has one on CUDA (``spec.vendor(shape, "cuda")``; the attention's forward is
+  where the family has one on CUDA (``vendor_op(spec, shape, "cuda")``; the attention's forward is
   compared with flash SDPA by the check's ``keys`` part instead);
 - the key tuned (``tune``, a few trials): its answer, whether that is torch's op, its speedup.
 
@@ -17,12 +17,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tiletune.client.space import VENDOR_CONFIG
+from tiletune.client.space import vendor_config
 from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import Device
 from tiletune.kernels.family import builtin_families
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.triton.space import TRITON_BACKEND
+from tiletune.kernels.vendor import vendor_op
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 from tiletune.tuner.measure.tune import TuneOptions, tune
 
@@ -70,8 +71,8 @@ def check_implementation(
         return {**result, "correct": False, "error": rejected.error or rejected.invalid}
     result["correct"] = True
     configs = [default]
-    if spec.vendor(shape, device.kind) is not None:
-        configs.append(dict(VENDOR_CONFIG))
+    if vendor_op(spec, shape, device.kind) is not None:
+        configs.append(vendor_config())
     measured = bench.compare(configs)
     result["times_ms"] = dict(zip(("triton", "torch"), (m.median_ms for m in measured), strict=False))
     if len(measured) == 2:

@@ -75,24 +75,21 @@ def _prepared(
     return inputs, implementation(kernel, inputs[0].device.type)
 
 
-def runs_vendor(selection: Selection, device_kind: str, backend: str) -> bool:
-    """Whether a call runs torch's op: the answer is the vendor config, or there is no measured
-    answer and torch's op is the untuned call's choice
-    (:func:`~tiletune.kernels.vendor.untuned_runs_vendor`)."""
-    if is_vendor(selection.config):
-        return True
-    if selection.measured:
-        return False
-    return vendor.untuned_runs_vendor(selection.spec, selection.shape, device_kind, backend)
-
-
 def vendor_to_run(selection: Selection, device_kind: str, backend: str) -> VendorOp | None:
-    """torch's op where a call runs it (as :func:`runs_vendor` decides), else None: one lookup."""
+    """torch's op where a call runs it, else None: the answer is the vendor config, or there is no
+    measured answer and torch's op is the untuned call's choice
+    (:func:`~tiletune.kernels.vendor.untuned_vendor_op`)."""
     if is_vendor(selection.config):
         return vendor.vendor_op(selection.spec, selection.shape, device_kind)
     if selection.measured:
         return None
     return vendor.untuned_vendor_op(selection.spec, selection.shape, device_kind, backend)
+
+
+def runs_vendor(selection: Selection, device_kind: str, backend: str) -> bool:
+    """Whether a call runs torch's op (:func:`vendor_to_run`); the attention's paths ask this, since
+    they run torch's attention with its log-sum-exp rather than the kernel's vendor op."""
+    return vendor_to_run(selection, device_kind, backend) is not None
 
 
 def contiguous(output: KernelOutput) -> KernelOutput:

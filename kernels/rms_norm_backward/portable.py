@@ -34,23 +34,12 @@ from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.rms_norm_backward import vendor
 from tiletune.kernels.rms_norm_backward.declaration import RmsNormBackwardDeclaration
+from tiletune.kernels.rms_norm_backward.formula import gradients
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, RowStep, row_plan
-from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size, widened
+from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size
 
 #: The gradients, in the order ``run`` and ``reference`` return them.
 OUTPUT_NAMES = ("dx", "dw")
-
-
-def gradients(x: torch.Tensor, w: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(dx, dw)`` by the formula, in float32 (float64 for float64): ``dx`` shaped like ``x``,
-    ``dw`` a vector of ``cols``."""
-    xf, wf, gf = widened(x), widened(w), widened(grad)
-    rstd = torch.rsqrt(xf.square().mean(-1, keepdim=True) + EPS)
-    normed = xf * rstd
-    gw = gf * wf
-    dx = rstd * (gw - normed * (gw * normed).mean(-1, keepdim=True))
-    dw = (gf * normed).reshape(-1, x.shape[-1]).sum(0)
-    return dx, dw
 
 
 @dataclass
@@ -144,7 +133,8 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
         return vendor.rms_norm_backward(shape, device_kind)
 
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(dx, dw)`` by the formula (:func:`gradients`), in float32 (float64 for float64)."""
+        """``(dx, dw)`` by the formula (:mod:`tiletune.kernels.rms_norm_backward.formula`), in float32
+        (float64 for float64)."""
         x, w, grad = inputs
         return gradients(x, w, grad)
 

@@ -53,5 +53,5 @@ def test_the_family_part_checks_times_and_tunes_every_triton_kernel_in_the_inter
     assert document["backward"]["correct"] is True
     tuned = document["tuned"]
     assert tuned["implementation"] in {"vendor", "triton"}
-    assert tuned["speedup_vs_vendor"] >= 1.0 or tuned["implementation"] == "triton"
+    assert tuned["speedup_vs_vendor"] >= 1.0  # torch's op, or a tile clearly faster than it
     assert document["doubled"] is True  # the fault kernel's good tiling is correct

@@ -6,16 +6,14 @@ with its reason, never an exception.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
+from tiletune.client.space import vendor_config
 from tiletune.kernels.declaration import Config
 from tiletune.kernels.vendor import vendor_op
 from tiletune.tuner.measure.bench import KernelBench, measure_interleaved
-from tiletune.tuner.measure.check import output_mismatch
 from tiletune.tuner.measure.measurement import Measurement
 
 
@@ -44,44 +42,33 @@ class BenchRow:
         return row
 
 
-def vendor_runner(bench: KernelBench) -> Callable[[], object] | None:
-    """A no-argument callable running the kernel's vendor op (torch's own) on the bench's inputs."""
-    op = vendor_op(bench.spec, bench.shape, bench.device.kind)
-    if op is None:
-        return None
-    inputs = bench.inputs
-    return lambda: op(inputs)
-
-
 def compare_with_vendor(bench: KernelBench, configs: Sequence[Config], default: Config) -> list[BenchRow]:
     """Measure ``configs``, ``default`` (added when missing) and the vendor op interleaved in one run.
 
     Every config is checked (constraint, then output against the reference) before any
-    timing; so is the vendor op's output. The rows come back in order: the timed configs
-    (as given, the default last if it was added), the vendor op (``config`` None,
-    ``is_vendor`` True) when the kernel has one, then the rejected configs with their reason.
+    timing; so is the vendor op's output (the vendor config, :func:`KernelBench.check`). The rows come
+    back in order: the timed configs (as given, the default last if it was added), the vendor op
+    (``config`` None, ``is_vendor`` True) when the kernel has one here, then the rejected configs
+    with their reason.
     """
     candidates = [*configs] if default in configs else [*configs, default]
     verdicts = [(config, bench.check(config)) for config in candidates]
     runnable = [config for config, verdict in verdicts if verdict is None]
-    fns = [bench.runner(config) for config in runnable]
-    vendor = vendor_runner(bench)
-    vendor_invalid: str | None = None
-    if vendor is not None:
-        output = vendor()
-        assert isinstance(output, torch.Tensor | tuple)
-        tolerance = bench.tolerance
-        vendor_invalid = output_mismatch(output, bench.expected, tolerance.atol, tolerance.rtol)
-        if vendor_invalid is None:
-            fns.append(vendor)
+    has_vendor = vendor_op(bench.spec, bench.shape, bench.device.kind) is not None
+    vendor_rejected = bench.check(vendor_config()) if has_vendor else None
+    timed = [*runnable, vendor_config()] if has_vendor and vendor_rejected is None else runnable
+    fns = [bench.runner(config) for config in timed]
     measurements = measure_interleaved(fns, bench.device, bench.settings) if fns else []
     rows = [
         BenchRow(config, m, config == default, False)
         for config, m in zip(runnable, measurements, strict=False)
     ]
-    if vendor is not None:
-        timed = measurements[len(runnable)] if vendor_invalid is None else None
-        rows.append(BenchRow(None, timed, False, True, vendor_invalid))
+    if has_vendor:
+        if vendor_rejected is None:
+            rows.append(BenchRow(None, measurements[len(runnable)], False, True))
+        else:
+            reason = vendor_rejected.invalid or vendor_rejected.error
+            rows.append(BenchRow(None, None, False, True, reason))
     for _config, verdict in verdicts:
         if verdict is not None:
             reason = verdict.invalid or verdict.error
