@@ -36,7 +36,7 @@ from tiletune.client.disk import write_bundle
 from tiletune.client.space import DeviceLimits
 from tiletune.client.wire import BestConfigPublic, ConfigBundle
 from tiletune.kernels import get_declaration
-from tiletune.service.specs import kernel_info
+from tiletune.kernels.info import kernel_info
 
 SOURCE = Path(__file__).resolve().parent / "cpp_lookup.cpp"
 CHIP = "cpu/Benchmark Chip/8c"

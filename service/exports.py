@@ -25,11 +25,12 @@ from dataclasses import dataclass
 
 from tiletune.client.wire import ConfigBundle, KernelInfo
 from tiletune.kernels import DeviceLimits, all_declarations
+from tiletune.kernels.info import kernel_info
 from tiletune.service.database import Database
 from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.index import BestIndex, Snapshot
 from tiletune.service.singleflight import SingleFlight
-from tiletune.service.specs import chip_dependent, kernel_info
+from tiletune.service.specs import chip_dependent
 
 #: gzip level of the cached bodies: built once, sent many times, so smaller beats faster.
 GZIP_LEVEL = 6

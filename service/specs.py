@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from tiletune.client.space import CLAMP_MIN, DeviceLimits, candidates, vendor_config
-from tiletune.client.wire import DTYPES, KernelInfo
+from tiletune.client.space import DeviceLimits, vendor_config
+from tiletune.client.wire import DTYPES
 from tiletune.kernels import Config, KernelDeclaration, Shape, get_declaration
 from tiletune.kernels.declaration import parse_dims
 from tiletune.kernels.errors import InputError, UnknownKernelError
@@ -68,42 +68,6 @@ def parse_key(kernel: str, shape_text: str, dtype: str) -> tuple[KernelDeclarati
     shape = parse_shape(spec, dims)
     check_dtype(dtype)
     return spec, shape
-
-
-def kernel_info(spec: KernelDeclaration, limits: DeviceLimits | None = None) -> KernelInfo:
-    """What a client needs of a kernel: name, version, dims in spec order, categorical dims, knobs,
-    and the knobs' values with the rule that clamps them (:mod:`tiletune.client.knobs`).
-
-    The values are the candidates on a chip of ``limits`` (a knob declared ``up_to`` a limit they
-    know runs up to it; :func:`tiletune.client.space.candidates`). The rule is the one the
-    kernel's tile knobs declare (:class:`~tiletune.client.space.Knob`'s
-    ``clamp``). A kernel whose values follow no single declared rule (tile knobs declaring
-    different rules, or a plugin that overrides ``knob_values`` with code of its own) is sent
-    without values, so clients check its knob names alone.
-    """
-    rule = declared_clamp_rule(spec)
-    return KernelInfo(
-        name=spec.name,
-        version=spec.version,
-        dims=[dim.name for dim in spec.dims],
-        categorical=[dim.name for dim in spec.dims if dim.categorical],
-        knobs=[knob.name for knob in spec.knobs],
-        knob_values={knob.name: list(candidates(knob, limits)) for knob in spec.knobs} if rule else None,
-        clamp_to={knob.name: knob.clamp_to for knob in spec.knobs if knob.clamp_to is not None},
-        clamp_rule=rule or CLAMP_MIN,
-        dim_defaults={dim.name: dim.default for dim in spec.dims if dim.default is not None},
-    )
-
-
-def declared_clamp_rule(spec: KernelDeclaration) -> str | None:
-    """The clamp rule all of ``spec``'s tile knobs declare (``min`` when none is a tile knob), or
-    ``None`` when its values are not the declared rules' (see :func:`kernel_info`)."""
-    if type(spec).knob_values is not KernelDeclaration.knob_values:
-        return None
-    rules = {knob.clamp for knob in spec.knobs if knob.clamp_to is not None}
-    if len(rules) > 1:
-        return None
-    return rules.pop() if rules else CLAMP_MIN
 
 
 def vendor_finalist(kernel: str) -> Config | None:

@@ -14,6 +14,9 @@ source answers for such keys, and what ``launch``'s callers that run their own t
   when the URL is unset.
 - ``TILETUNE_PIN`` (or ``configure(pin=...)``) pins a run to one snapshot of configs: ``server``
   (the server's, fetched once at start) or a bundle file; every rank launches the same tilings.
+- ``TILETUNE_TUNE=1`` (or ``configure(tune=True)``) tunes each key the run meets on this machine,
+  with no server, into a bundle file that later runs pin to
+  (:mod:`tiletune.tuner.measure.tuning_source`); it takes precedence over a URL and a pin.
 - :func:`using_source` overrides the source for the calls inside a ``with`` block of this thread
   or task (``launch(..., client=...)`` runs the operator under it).
 
@@ -38,6 +41,7 @@ URL_ENV = "TILETUNE_URL"
 TOKEN_ENV = "TILETUNE_TOKEN"
 CHIP_ENV = "TILETUNE_CHIP"
 PIN_ENV = "TILETUNE_PIN"
+TUNE_ENV = "TILETUNE_TUNE"
 #: ``TILETUNE_PIN`` 's value for "the server's configs as of now".
 PIN_SERVER = "server"
 
@@ -66,6 +70,7 @@ def configure(
     token: str | None = None,
     chip: str = "auto",
     pin: str | None = None,
+    tune: bool | None = None,
 ) -> ConfigSource | None:
     """Set the process's config source and return it (``None``: the kernels' rules).
 
@@ -80,8 +85,15 @@ def configure(
     a path imports a bundle file (``tiletune`` exports one: ``GET /v1/configs``). Either is logged
     once (configs, ETag or checksum); no lookup asks the server afterwards, and keys the snapshot
     lacks are still reported as misses.
+
+    ``tune`` (default ``$TILETUNE_TUNE``) tunes each key the run meets here, with no server, into
+    ``$TILETUNE_TUNE_FILE`` (default ``tiletune_configs.json``), answering the keys the file holds
+    from it (:mod:`tiletune.tuner.measure.tuning_source`). A bad ``TILETUNE_TUNE*`` value raises
+    ``ValueError`` naming the variable.
     """
-    if source is None:
+    if source is None and _tuning_asked(tune):
+        source = _tuning_source()
+    elif source is None:
         url = url or os.environ.get(URL_ENV) or None
         pin = pin or os.environ.get(PIN_ENV) or None
         if url is not None or pin is not None:
@@ -91,6 +103,24 @@ def configure(
         _process.source = source
         _process.configured = True
     return source
+
+
+def _tuning_asked(tune: bool | None) -> bool:
+    """Whether the one switch is on: ``tune`` when given, else ``$TILETUNE_TUNE``."""
+    if tune is not None:
+        return tune
+    if not os.environ.get(TUNE_ENV):
+        return False  # unset: nothing imported
+    from tiletune.tuner.measure.tuning_source import switch_is_on
+
+    return switch_is_on()
+
+
+def _tuning_source() -> ConfigSource:
+    """The source that tunes each key it meets (the settings ``$TILETUNE_TUNE_*`` give)."""
+    from tiletune.tuner.measure.tuning_source import source_from_env
+
+    return source_from_env()
 
 
 def _client(url: str | None, token: str | None, chip: str, pin: str | None) -> ConfigSource:

@@ -28,7 +28,7 @@ import uvicorn
 
 from tiletune.client.wire import BestConfigPublic, ConfigBundle
 from tiletune.kernels import get_kernel
-from tiletune.service.specs import kernel_info
+from tiletune.kernels.info import kernel_info
 
 from .conftest import CHIP, free_port
 

@@ -19,7 +19,7 @@ from tiletune.client.disk import DiskCache
 from tiletune.client.wire import ConfigBundle
 from tiletune.kernels import client_settings, get_kernel
 from tiletune.kernels.device import get_device
-from tiletune.service.specs import kernel_info
+from tiletune.kernels.info import kernel_info
 
 from .conftest import CHIP
 from .hostile import entry

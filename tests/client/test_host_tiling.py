@@ -26,7 +26,7 @@ from tiletune.client.disk import write_bundle
 from tiletune.client.space import DeviceLimits
 from tiletune.client.wire import BestConfigPublic, ConfigBundle
 from tiletune.kernels import get_declaration
-from tiletune.service.specs import kernel_info
+from tiletune.kernels.info import kernel_info
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "host_tiling"
 CHIP = "cpu/Host Tiling Chip/8c"

@@ -16,7 +16,7 @@ from tiletune.client.knobs import adapt, allowed_values, config_problem, structu
 from tiletune.client.wire import KernelInfo
 from tiletune.kernels import KernelSpec, all_kernels
 from tiletune.kernels.declaration import Shape
-from tiletune.service.specs import kernel_info
+from tiletune.kernels.info import kernel_info
 
 KERNELS = sorted(all_kernels())
 

@@ -27,8 +27,8 @@ from tiletune.client.space import (
 from tiletune.kernels import all_kernels
 from tiletune.kernels.add.portable import AddSpec
 from tiletune.kernels.declaration import Shape
+from tiletune.kernels.info import kernel_info
 from tiletune.kernels.triton.spec import TritonSpec
-from tiletune.service.specs import kernel_info
 
 
 def test_the_declaration_imports_without_torch() -> None:

@@ -1,8 +1,9 @@
 """Isolated trials: the worker's configs run in a warm child process with a time limit per call.
 
 On an accelerator a bad tiling is a crash, a hang or a poisoned device context, not a slow
-config. So a worker measures in a child process (:mod:`tiletune.tuner.measure.trial_child`,
-started with multiprocessing's *spawn* context) and survives whatever a config does:
+config. So a worker (and local tuning, ``TILETUNE_TUNE=1``) measures in a child process
+(:mod:`tiletune.tuner.measure.trial_child`, a fresh interpreter: :class:`TrialProcess`) and
+survives whatever a config does:
 
 - **Warm.** One child per worker, started at the first trial and kept between trials and leases;
   its bench (inputs, reference) is built once per lease and kept while the next lease names the
@@ -38,13 +39,16 @@ Replay devices need no isolation (nothing runs); ``tiletune tune`` and ``bench``
 
 from __future__ import annotations
 
+import contextlib
 import logging
-import multiprocessing
+import os
 import signal
+import socket
+import subprocess
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
-from multiprocessing.process import BaseProcess
+from multiprocessing.connection import Connection
 from typing import Any
 
 from tiletune.kernels.declaration import Config, Shape
@@ -53,7 +57,10 @@ from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.bench import EXTRA_WARMUP_RUNS, BenchSettings, KernelBench
 from tiletune.tuner.measure.measurement import Measurement, TrialResult
-from tiletune.tuner.measure.trial_child import Call, Prepare, serve
+from tiletune.tuner.measure.trial_child import Call, Prepare
+
+#: The child's program (``python -c``), given its end of the socket pair's file descriptor.
+CHILD_MAIN = "import sys; from tiletune.tuner.measure.trial_child import main; main(int(sys.argv[1]))"
 
 logger = logging.getLogger(__name__)
 
@@ -148,8 +155,8 @@ def trial_limit(
     return TrialLimit(max(isolation.floor_s, derived_s), basis)
 
 
-def _exit_reason(process: BaseProcess) -> str:
-    code = process.exitcode
+def _exit_reason(code: int | None) -> str:
+    """A child's exit status in words: ``signal SIGSEGV``, ``exit code 1``."""
     if code is not None and code < 0:
         try:
             return f"signal {signal.Signals(-code).name}"
@@ -159,15 +166,20 @@ def _exit_reason(process: BaseProcess) -> str:
 
 
 class TrialProcess:
-    """One spawned child (:mod:`~tiletune.tuner.measure.trial_child`), started on the first call.
+    """One child (:mod:`~tiletune.tuner.measure.trial_child`), started on the first call.
+
+    The child is a fresh interpreter (``python -c``, :func:`~tiletune.tuner.measure.trial_child.main`)
+    holding one end of a socket pair: never a fork (torch's thread pools and device contexts do not
+    survive one) and never multiprocessing's spawn, which runs the parent's main script again in the
+    child (a user's ``train.py`` without a ``__main__`` guard would train there). It sees the
+    parent's ``sys.path``, so a spec of any importable module pickles by reference.
 
     :meth:`call` sends one request and waits up to a limit; a child that dies or stays silent is
     ended and :class:`TrialProcessError` raised, and the next call starts a fresh one.
     """
 
     def __init__(self) -> None:
-        self._context = multiprocessing.get_context("spawn")
-        self._process: BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         #: The bench the live child holds, and its default's check (verdict, ms).
         self.prepared: tuple[tuple[object, ...], tuple[TrialResult | None, float]] | None = None
@@ -176,26 +188,40 @@ class TrialProcess:
     @property
     def pid(self) -> int | None:
         """The live child's process id, or None."""
-        return self._process.pid if self._process is not None and self._process.is_alive() else None
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
 
     @property
     def alive(self) -> bool:
         """Whether a child is running."""
         return self.pid is not None
 
-    def _start(self) -> tuple[BaseProcess, Connection]:
-        parent, child = self._context.Pipe()
-        process = self._context.Process(target=serve, args=(child,), name="tiletune-trial", daemon=True)
-        process.start()
-        child.close()
-        self._process, self._conn, self.prepared = process, parent, None
+    def start(self) -> None:
+        """Start a child now unless one runs: its imports overlap with what the caller does next."""
+        if not self.alive:
+            self.end()
+            self._start()
+
+    def _start(self) -> tuple[subprocess.Popen[bytes], Connection]:
+        parent, child = socket.socketpair()
+        environment = {**os.environ, "PYTHONPATH": os.pathsep.join(path for path in sys.path if path)}
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", CHILD_MAIN, str(child.fileno())],
+                pass_fds=(child.fileno(),),
+                env=environment,
+                stdin=subprocess.DEVNULL,
+            )
+        finally:
+            child.close()
+        conn = Connection(parent.detach())
+        self._process, self._conn, self.prepared = process, conn, None
         self.started += 1
         logger.info("trial process %d started", process.pid)
-        return process, parent
+        return process, conn
 
     def call(self, request: Prepare | Call, limit: TrialLimit) -> tuple[bool, Any]:
         """Send ``request`` and wait up to ``limit`` for ``(ok, value)``; see the class docstring."""
-        if self._process is None or self._conn is None or not self._process.is_alive():
+        if self._process is None or self._conn is None or self._process.poll() is not None:
             self.end()
             process, conn = self._start()
         else:
@@ -203,38 +229,38 @@ class TrialProcess:
         timed_out = False
         try:
             conn.send(request)
-            ready = wait([conn, process.sentinel], timeout=limit.seconds)
-            if conn in ready:
+            if conn.poll(limit.seconds):  # an answer, or the end of the stream: the child died
                 reply: tuple[bool, Any] = conn.recv()
                 return reply
-            timed_out = not ready  # else the child exited (its sentinel is ready)
+            timed_out = True
         except (EOFError, OSError):
-            pass  # the pipe closed: the child died
+            pass  # the stream closed: the child died
         if timed_out:
             process.kill()
-        process.join(10.0)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10.0)
         reason = (
             f"timed out after {limit.seconds:.3g} s (limit: {limit.basis})"
             if timed_out
-            else f"the trial process died: {_exit_reason(process)}"
+            else f"the trial process died: {_exit_reason(process.returncode)}"
         )
         logger.warning("trial process %s: %s", process.pid, reason)
         self.end()
         raise TrialProcessError(reason)
 
     def end(self) -> None:
-        """End the child (if any): close its pipe, let it exit, kill it if it does not."""
+        """End the child (if any): close its stream, let it exit, kill it if it does not."""
         process, conn = self._process, self._conn
         self._process, self._conn, self.prepared = None, None, None
         if conn is not None:
             conn.close()
         if process is not None:
-            process.join(1.0)
-            if process.is_alive():
+            try:
+                process.wait(1.0)
+            except subprocess.TimeoutExpired:
                 process.kill()
-                process.join(5.0)
-            if hasattr(process, "close"):
-                process.close()
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    process.wait(5.0)
 
 
 class TrialPool:

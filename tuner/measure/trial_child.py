@@ -1,8 +1,8 @@
 """The child side of isolated trials: a process that holds one kernel bench and answers calls on it.
 
-:mod:`tiletune.tuner.measure.isolation` starts this module's :func:`serve` in a *spawned* process
-(never forked: torch's thread pools and device contexts do not survive a fork) and sends it
-requests over a pipe, one at a time:
+:mod:`tiletune.tuner.measure.isolation` starts :func:`main` in a fresh interpreter (never a fork:
+torch's thread pools and device contexts do not survive one) and sends it requests over a socket
+pair, one at a time:
 
 - :class:`Prepare` -> ``(default_verdict, default_ms)``: build the
   :class:`~tiletune.tuner.measure.bench.KernelBench` of the request (inputs and reference; kept,
@@ -15,7 +15,7 @@ Every answer is ``(True, value)``, or ``(False, "Type: message")`` when the benc
 crash (a segfault in a kernel) or a hang is the parent's to notice: the process dies or stays
 silent. The child ignores SIGINT (a Ctrl-C in the worker's terminal reaches the whole process
 group; the worker ends its child itself), prints a crash's Python stack to stderr
-(:mod:`faulthandler`), and exits when the pipe closes (the worker ended).
+(:mod:`faulthandler`), and exits when the stream closes (the worker ended).
 """
 
 from __future__ import annotations
@@ -114,3 +114,8 @@ def serve(conn: Connection) -> None:
         except Exception as error:  # the parent decides what a failed call means
             reply = (False, f"{type(error).__name__}: {error}")
         conn.send(reply)
+
+
+def main(fd: int) -> None:
+    """The child's program: :func:`serve` the connection on the socket ``fd`` the parent passed."""
+    serve(Connection(fd))

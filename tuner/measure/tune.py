@@ -29,6 +29,7 @@ from tiletune.kernels.device import Device
 from tiletune.kernels.spec import KernelSpec
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 from tiletune.tuner.measure.build_ahead import shared_build_ahead
+from tiletune.tuner.measure.isolation import TrialPool
 from tiletune.tuner.measure.measurement import Measurement, TrialResult
 from tiletune.tuner.measure.replay import ReplaySpace
 from tiletune.tuner.search.finalists import Timing, finalists, judge
@@ -207,8 +208,12 @@ def tune(
     *,
     backend: str | None = None,
     progress: Progress | None = None,
+    isolation: TrialPool | None = None,
 ) -> TuneReport:
-    """Tune ``spec`` for ``shape``/``dtype`` on ``device``; see the module docstring."""
+    """Tune ``spec`` for ``shape``/``dtype`` on ``device``; see the module docstring. With
+    ``isolation`` the configs run in its trial process, as a worker's do (raises
+    :class:`~tiletune.tuner.measure.isolation.DeviceUnusableError` when a fresh one cannot run
+    the default); else in this process."""
     started = time.monotonic()
     limits = device.chip.limits
     default = spec.default_config(shape, dtype, limits)
@@ -218,8 +223,12 @@ def tune(
         seeds=[default, *options.seeds],
     )
     search = _search(space, options)
-    bench = KernelBench(spec, shape, dtype, device, backend, options.bench)
     builds = shared_build_ahead()  # a kernel whose configs are builds: built ahead, never while timed
+    if isolation is None:
+        bench = KernelBench(spec, shape, dtype, device, backend, options.bench)
+    else:
+        builds.ready_default(spec, shape, dtype, limits)  # the child times no compile
+        bench = isolation.bench(spec, shape, dtype, device, backend=backend, settings=options.bench)
     results, trace = run_search(
         search,
         partial(builds.evaluate, bench),
