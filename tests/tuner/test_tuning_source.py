@@ -148,3 +148,48 @@ def test_a_file_of_another_chip_or_not_a_bundle_is_refused_and_kept(tmp_path: Pa
     with pytest.raises(TuningSettingsError, match="not a tiletune bundle"):
         TuningSource(TuningSettings(path=broken))
     assert broken.read_text() == "{not json"
+
+
+def test_tune_a_model_from_python_tunes_its_steps_keys_and_pins_the_process(tmp_path: Path) -> None:
+    """``tiletune.tune``: the inference and training steps' keys (the backward's included), then the
+    process pinned to the file (exact answers, nothing tuned again); an unpatched model is refused."""
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import torch
+        import tiletune
+        from tiletune.kernels.ops.source import current_source
+
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.RMSNorm(32, eps=1e-6))
+        try:
+            tiletune.tune(model, torch.randn(4, 16), trials=2, path=sys.argv[1])
+        except ValueError as error:
+            refused = str(error)
+        tiletune.patch(model)
+        tuned = tiletune.tune(model, torch.randn(4, 16), trials=2, path=sys.argv[1])
+        source = current_source()
+        entries = json.load(open(sys.argv[1]))["configs"]
+        matches = [source.get(e["kernel"], e["shape"], dtype=e["dtype"]).match for e in entries]
+        print(json.dumps({"refused": refused, "tuned": sorted(t.kernel for t in tuned), "matches": matches,
+                          "source": type(source).__name__, "weight_grad": model[0].weight.grad is None}))
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")} | {"PYTHONPATH": str(ROOT)}
+    bundle = tmp_path / "model.json"
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(bundle)],
+        check=False,
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout)
+    assert "patch it first" in result["refused"]
+    assert result["tuned"] == ["matmul", "matmul", "matmul", "rms_norm", "rms_norm_backward"]
+    assert set(result["matches"]) == {"exact"}
+    assert len(result["matches"]) == 5
+    assert result["source"] == "ConfigClient"
+    assert result["weight_grad"]  # the training step wrote no gradient

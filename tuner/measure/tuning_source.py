@@ -155,6 +155,8 @@ class TuningSource:
         self.device = device or get_device("auto")
         self.client = ConfigClient(None, self.device.chip.name, settings=client_settings(cache_dir=None))
         self.tuned: list[KeyTuned] = []
+        #: The keys asked so far: (kernel, dtype, shape items).
+        self.met: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
         self._entries = self._read_file()
         self._failed: set[tuple[str, str, tuple[tuple[str, int], ...]]] = set()
         self._lock = threading.RLock()
@@ -196,10 +198,11 @@ class TuningSource:
 
     def get(self, kernel: str, shape: Mapping[str, int], /, *, dtype: str) -> Tiling:
         """The answer for the key: from the file, else tuned now (see the module docstring)."""
+        key = (kernel, dtype, tuple(shape.items()))
+        self.met.add(key)
         answer = self.client.get(kernel, shape, dtype)
         if answer.match == "exact" or getattr(self._tuning, "active", False):
             return answer
-        key = (kernel, dtype, tuple(shape.items()))
         with self._lock:
             answer = self.client.get(kernel, shape, dtype)  # another thread may have tuned it
             if answer.match == "exact" or key in self._failed:
