@@ -4,6 +4,12 @@
 loop's I/O once a key is known; misses and the answers served without the server are
 reported by a background task of the running loop; ``await client.close()`` reports the last ones. The rules
 are the sync client's (:mod:`tiletune.client.core`).
+
+A client never closed reports its last misses and answers at interpreter exit, as the sync one does
+(:func:`~tiletune.client.sync.register_exit_report`), but over a new sync connection to its server
+with its token: its event loop, and the connections it holds, are most likely gone by then. A client
+given its own ``transport`` reports nothing at exit (that transport is the caller's, maybe an app's
+in process).
 """
 
 from __future__ import annotations
@@ -18,12 +24,13 @@ from types import TracebackType
 import httpx
 
 from tiletune.client.answers import STATS_REPORT_ATTEMPTS, stats_call
-from tiletune.client.api import AsyncServiceApi
+from tiletune.client.api import AsyncServiceApi, ServiceApi
 from tiletune.client.calls import ApiError
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.keys import key_problem, kind_of
 from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
+from tiletune.client.sync import register_exit_report, send_misses, send_stats, unregister_exit_report
 from tiletune.client.tiling import Tiling
 from tiletune.client.wire import LookupPublic
 
@@ -53,6 +60,9 @@ class AsyncConfigClient:
         self._tasks: list[asyncio.Task[None]] = []
         self._reporting = False
         self._closed = False
+        self._token = token
+        if self._api is not None and transport is None:
+            register_exit_report(self)
 
     @property
     def chip(self) -> str:
@@ -227,8 +237,20 @@ class AsyncConfigClient:
                 name = "refresher" if refresh else "reporter"
                 self.core.warn_once((name, kind_of(error)), "tiletune client: %s: %s", name, error)
 
+    def report_at_exit(self, until: float) -> bool:
+        """At interpreter exit (see the module docstring): the pending misses and answers over a new
+        sync connection, by ``until`` (``time.monotonic()``); whether everything went. The reports never
+        raise; the exit hook logs anything else that does."""
+        if self._closed or self.url is None:
+            return True
+        with ServiceApi(self.url, self._token, timeout_s=self.core.settings.report_timeout_s) as api:
+            misses = send_misses(self.core, api, until)
+            return send_stats(self.core, api, until) and misses
+
     async def close(self) -> None:
-        """Stop the background tasks, report the last misses and answers, close the connection."""
+        """Stop the background tasks, report the last misses and answers, close the connection
+        (nothing more is reported at exit)."""
+        unregister_exit_report(self)
         self._closed = True
         for task in self._tasks:
             task.cancel()

@@ -11,7 +11,8 @@ Contract (:class:`MissLedger`, thread-safe, no I/O: the clients send the reports
   and keeps the others (to be sent at once), so one key the server will not take never costs
   the others; one naming an entry's ``count`` or ``match`` drops that entry's counts only; one
   naming an entry's ``chip`` (every entry's) drops the report, no key remembered; a failure
-  worth retrying keeps them all for the next report; another refusal drops them.
+  worth retrying keeps them all for the next report; another refusal drops them (401 or 403: no
+  token, or one without the reader role, said once per client at WARNING with what to set).
 """
 
 from __future__ import annotations
@@ -46,6 +47,9 @@ MAX_PENDING_MISSES = 10_000
 
 #: Keys the server refused in miss reports remembered at most (forgotten all at once beyond).
 MAX_REFUSED_MISSES = 10_000
+
+#: The statuses of a report refused for its token: none, unknown, or without the reader role.
+UNAUTHORIZED = (401, 403)
 
 #: The entry a server's 422 names in a miss report (``misses[3].shape.n``).
 _MISS_FIELD = re.compile(r"misses\[(\d+)\]")
@@ -114,8 +118,8 @@ class MissLedger:
         report (every entry has that chip); another failure worth retrying (no answer, 5xx, 408,
         429, an answer that is not the API's, any other exception) keeps the misses for the next
         report; another refusal (4xx) drops them, logged: sending the same batch again would be
-        refused again. ``True`` when the others may be sent at once (an entry was dropped, others
-        remain).
+        refused again (a 401 or 403, the token's fault, is logged once per client, saying what to
+        set). ``True`` when the others may be sent at once (an entry was dropped, others remain).
         """
         named = _MISS_FIELD.match(error.field or "") if isinstance(error, ServerRefusedError) else None
         if named is not None and int(named.group(1)) < len(misses.misses):
@@ -149,13 +153,26 @@ class MissLedger:
             self._give_back(MissesCreate.model_construct(misses=others))
             return bool(others)
         if isinstance(error, ServerRefusedError) and error.status < 500 and error.status not in (408, 429):
-            log.warning(
-                "tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses)
-            )
+            self._report_refused(misses, error)
             return False
         log.info("tiletune client: miss report failed (%s); kept for the next one", error)
         self._give_back(misses)
         return False
+
+    def _report_refused(self, misses: MissesCreate, error: ServerRefusedError) -> None:
+        """A refusal of the whole report (a 4xx naming no entry): its misses are dropped, logged; a
+        401 or 403 (no token, or one without the reader role) once per client, saying what to set."""
+        if error.status in UNAUTHORIZED:
+            self._warn_once(
+                ("miss report unauthorized",),
+                "tiletune server refused a miss report (%s): set TILETUNE_TOKEN (read by "
+                "tiletune.configure) or pass token= to configure() or ConfigClient(), a token with the "
+                "reader role; until then this client's misses are dropped (%d keys now)",
+                error,
+                len(misses.misses),
+            )
+            return
+        log.warning("tiletune server refused a miss report (%s); %d keys dropped", error, len(misses.misses))
 
     def refuse(self, key: tuple[str, tuple[tuple[str, int], ...], str]) -> None:
         """Never count ``key`` (kernel, shape items, dtype) as a miss again: the server refuses it."""

@@ -9,31 +9,140 @@
 ``get`` never raises and is a dict lookup once a key has been answered
 (:mod:`tiletune.client.core` has the rules). Misses, and the answers served
 without the server, are reported by a background thread; ``close()`` (or a ``with`` block)
-reports the last ones.
+reports the last ones. A client never closed reports them at interpreter exit: one ``atexit``
+hook for every live client (held weakly), within :data:`EXIT_REPORT_S` in all, never raising
+(:func:`register_exit_report`).
 Every request goes through :class:`~tiletune.client.api.ServiceApi`.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import threading
+import time
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
+from typing import Protocol, TypeVar
 
 import httpx
 
 from tiletune.client.answers import STATS_REPORT_ATTEMPTS, stats_call
 from tiletune.client.api import ServiceApi
-from tiletune.client.calls import ApiError
+from tiletune.client.calls import ApiError, Call
 from tiletune.client.core import ClientCore, ClientSettings, MemoKey
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.keys import key_problem, kind_of
-from tiletune.client.misses import MISS_REPORT_ATTEMPTS, misses_call
+from tiletune.client.misses import MISS_REPORT_ATTEMPTS, MISS_REPORT_TIMEOUT_S, misses_call
 from tiletune.client.tiling import Tiling
 from tiletune.client.wire import LookupPublic
 
 log = logging.getLogger("tiletune.client")
+
+R = TypeVar("R")
+
+#: Seconds the reports at interpreter exit may take in all, every live client's together.
+EXIT_REPORT_S = MISS_REPORT_TIMEOUT_S
+
+
+class ExitReporter(Protocol):
+    """A client that reports its pending misses and stats at exit (:func:`register_exit_report`)."""
+
+    url: str | None
+
+    def report_at_exit(self, until: float) -> bool:
+        """Send the pending misses and stats once, by ``time.monotonic()`` ``until``; whether all went."""
+        ...
+
+
+#: The live clients to report at exit (weakly held: a client is still garbage collected).
+_at_exit: weakref.WeakSet[ExitReporter] = weakref.WeakSet()
+
+
+def register_exit_report(client: ExitReporter) -> None:
+    """Have ``client`` report its pending misses and stats at interpreter exit (held weakly). A
+    forked child forgets its parent's clients: what they counted is the parent's to send."""
+    _at_exit.add(client)
+
+
+def unregister_exit_report(client: ExitReporter) -> None:
+    """Report nothing of ``client`` at exit (it was closed: its last reports are sent)."""
+    _at_exit.discard(client)
+
+
+def _report_all_at_exit() -> None:
+    """The ``atexit`` hook: each live client reports once, all within :data:`EXIT_REPORT_S` (each
+    request cut to the time left: a server down or silent never holds the exit). Never raises;
+    what was not reported is logged at INFO."""
+    until = time.monotonic() + EXIT_REPORT_S
+    for client in list(_at_exit):
+        try:
+            if time.monotonic() < until and client.report_at_exit(until):
+                continue
+            log.info(
+                "tiletune client: the last misses and stats for %s were not reported at exit", client.url
+            )
+        except Exception as error:  # the exit goes on whatever happens
+            log.info("tiletune client: the reports at exit to %s failed: %s", client.url, error)
+
+
+atexit.register(_report_all_at_exit)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_at_exit.clear)
+
+
+def _within(call: Call[R], until: float | None) -> Call[R]:
+    """``call`` with its deadline cut to end by ``until`` (``time.monotonic()``; ``None``: as it is)."""
+    if until is None:
+        return call
+    left_s = max(until - time.monotonic(), 0.001)
+    return replace(call, timeout_s=min(call.timeout_s, left_s) if call.timeout_s is not None else left_s)
+
+
+def send_misses(core: ClientCore, api: ServiceApi | None, until: float | None = None) -> bool:
+    """Report ``core``'s misses counted so far through ``api`` (none: they are dropped), by ``until``
+    (``time.monotonic()``; ``None``: each report within the settings' bound); ``False`` when that
+    failed (kept for later, see :meth:`MissLedger.failed <tiletune.client.misses.MissLedger.failed>`)
+    or the time ran out first. Never raises."""
+    for _ in range(MISS_REPORT_ATTEMPTS):
+        if until is not None and time.monotonic() >= until:
+            return False
+        misses = core.misses.take()
+        if misses is None or api is None:
+            return misses is None
+        try:
+            api.send(_within(core.report_call(misses_call(misses)), until))
+        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+            if not core.misses.failed(misses, error):
+                return False
+            continue  # the server refused one key: the others at once
+        return True
+    return False
+
+
+def send_stats(core: ClientCore, api: ServiceApi | None, until: float | None = None) -> bool:
+    """Report the answers ``core`` served without the server since the last report through ``api``
+    (none: nothing is sent), by ``until`` as :func:`send_misses`; ``False`` when that failed (see
+    :meth:`AnswerTally.failed <tiletune.client.answers.AnswerTally.failed>`) or the time ran out.
+    Never raises."""
+    for _ in range(STATS_REPORT_ATTEMPTS):
+        if until is not None and time.monotonic() >= until:
+            return False
+        stats = core.answers.take() if api is not None else None
+        if stats is None or api is None:
+            return True
+        try:
+            api.send(_within(core.report_call(stats_call(stats)), until))
+        except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
+            if core.answers.failed(stats, error):
+                continue
+            return False
+        return True
+    return False
 
 
 class ConfigClient:
@@ -62,6 +171,8 @@ class ConfigClient:
         self._stop = threading.Event()
         self._reporter: threading.Thread | None = None
         self._refresher: threading.Thread | None = None
+        if self._api is not None:
+            register_exit_report(self)
 
     @property
     def chip(self) -> str:
@@ -194,36 +305,24 @@ class ConfigClient:
     def flush_misses(self) -> bool:
         """Report the misses counted so far in one request; ``False`` when that failed (kept for
         later, see :meth:`MissLedger.failed <tiletune.client.misses.MissLedger.failed>`). Never raises."""
-        for _ in range(MISS_REPORT_ATTEMPTS):
-            misses = self.core.misses.take()
-            if misses is None or self._api is None:
-                return misses is None
-            try:
-                self._api.send(self.core.report_call(misses_call(misses)))
-            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
-                if not self.core.misses.failed(misses, error):
-                    return False
-                continue  # the server refused one key: the others at once
-            return True
-        return False
+        return send_misses(self.core, self._api)
 
     def flush_stats(self) -> bool:
         """Report the answers served without the server since the last report, in one request
         (none when there are none, or reporting is off); ``False`` when that failed (see
         :meth:`AnswerTally.failed <tiletune.client.answers.AnswerTally.failed>`; a server that
         refuses the per-key counts gets the answers again at once, without them). Never raises."""
-        for _ in range(STATS_REPORT_ATTEMPTS):
-            stats = self.core.answers.take() if self._api is not None else None
-            if stats is None or self._api is None:
-                return True
-            try:
-                self._api.send(self.core.report_call(stats_call(stats)))
-            except Exception as error:  # no answer, a refusal, an answer that is not the API's, ...
-                if self.core.answers.failed(stats, error):
-                    continue
-                return False
-            return True
-        return False
+        return send_stats(self.core, self._api)
+
+    def report_at_exit(self, until: float) -> bool:
+        """At interpreter exit (:func:`register_exit_report`): stop the background threads, let a report
+        under way end, then send the pending misses and stats, all by ``until``
+        (``time.monotonic()``); whether everything went. Never raises."""
+        self._stop.set()
+        if self._reporter is not None:
+            self._reporter.join(timeout=max(until - time.monotonic(), 0.0))
+        misses = send_misses(self.core, self._api, until)
+        return send_stats(self.core, self._api, until) and misses
 
     def _start_reporter(self) -> None:
         if self._reporter is None and self._api is not None and not self._stop.is_set():
@@ -266,7 +365,9 @@ class ConfigClient:
         return thread
 
     def close(self) -> None:
-        """Stop the background threads, report the last misses and answers, close the connection."""
+        """Stop the background threads, report the last misses and answers, close the connection
+        (nothing more is reported at exit)."""
+        unregister_exit_report(self)
         self._stop.set()
         for thread in (self._reporter, self._refresher):
             if thread is not None:

@@ -224,11 +224,7 @@ def tune(
     )
     search = _search(space, options)
     builds = shared_build_ahead()  # a kernel whose configs are builds: built ahead, never while timed
-    if isolation is None:
-        bench = KernelBench(spec, shape, dtype, device, backend, options.bench)
-    else:
-        builds.ready_default(spec, shape, dtype, limits)  # the child times no compile
-        bench = isolation.bench(spec, shape, dtype, device, backend=backend, settings=options.bench)
+    bench = _bench(spec, shape, dtype, device, settings=options.bench, backend=backend, isolation=isolation)
     results, trace = run_search(
         search,
         partial(builds.evaluate, bench),
@@ -262,6 +258,24 @@ def tune(
         trace=trace,
         vendor=validation.vendor,
     )
+
+
+def _bench(
+    spec: KernelSpec,
+    shape: Shape,
+    dtype: str,
+    device: Device,
+    *,
+    settings: BenchSettings,
+    backend: str | None,
+    isolation: TrialPool | None,
+) -> KernelBench:
+    """The bench of a local tuning: in this process, or in ``isolation``'s trial process (the
+    default's build readied here first, so the child times no compile)."""
+    if isolation is None:
+        return KernelBench(spec, shape, dtype, device, backend, settings)
+    shared_build_ahead().ready_default(spec, shape, dtype, device.chip.limits)
+    return isolation.bench(spec, shape, dtype, device, backend=backend, settings=settings)
 
 
 @dataclass(frozen=True)
