@@ -9,7 +9,11 @@ constraints, default rule, counts: torch-free, what the server plans with) plus 
 - ``supports``: whether ``run`` can run on a device kind here;
 - ``vendor``: torch's own op for a call, where the declaration says it has one (``has_vendor``);
 - ``shape_of``: the shape of a call read from its tensors, which
-  :func:`tiletune.kernels.launcher` needs (optional for plugins that are only tuned).
+  :func:`tiletune.kernels.launcher` needs (optional for plugins that are only tuned);
+- ``call_arguments``: the call's arguments that are neither tensors nor key dims (``rms_norm``'s
+  ``eps``), with the defaults ``run``, ``reference`` and ``vendor`` (the tuning path) use;
+  ``run_with``, ``reference_with`` and ``vendor_with`` take one call's values (what an operator
+  call runs). The tuned key and its config never depend on them.
 
 Users tune their own operators by declaring a :class:`KernelDeclaration` (registered under the
 entry-point group ``tiletune.spaces``, for servers without torch) and subclassing it with
@@ -20,7 +24,8 @@ kernels exactly like built-ins (``examples/gelu_plugin``).
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 
@@ -62,6 +67,11 @@ KernelOutput = torch.Tensor | tuple[torch.Tensor, ...]
 #: torch's own op for one call shape (:meth:`KernelSpec.vendor`): the kernel's inputs in, what its
 #: ``run`` returns out.
 VendorOp = Callable[[Sequence[torch.Tensor]], KernelOutput]
+#: One call's arguments that are neither tensors nor key dims (``rms_norm``'s ``eps``), by name
+#: (:attr:`KernelSpec.call_arguments`); a name left out takes the kernel's default.
+CallArguments = Mapping[str, float]
+#: A call that gives no argument: every one at its default.
+NO_ARGUMENTS: CallArguments = MappingProxyType({})
 
 
 def widened(tensor: torch.Tensor) -> torch.Tensor:
@@ -98,6 +108,7 @@ class KernelSpec(KernelDeclaration):
 
     - ``run`` returns the same result as ``reference`` (within ``tolerance``)
       for every valid config, including shapes the tiles do not divide;
+    - ``run_with`` at any call arguments returns ``reference_with``'s result at the same ones;
     - ``backends()`` is a subset of the declared ``implementations``: those that run here.
     """
 
@@ -137,6 +148,48 @@ class KernelSpec(KernelDeclaration):
     ) -> KernelOutput:
         """Run the kernel under ``config`` with the implementation ``backend``: one tensor, or a
         tuple of them (a backward kernel's gradients)."""
+
+    #: The call arguments the kernel takes besides its tensors, with their defaults: the values
+    #: ``run``, ``reference`` and ``vendor`` compute with (a bench tunes at them). Not key dims: a
+    #: call's values change its result, never its key or its best config. None by default.
+    call_arguments: CallArguments = NO_ARGUMENTS
+
+    def arguments_of(self, arguments: CallArguments) -> dict[str, float]:
+        """Every call argument's value: ``arguments``, the defaults (:attr:`call_arguments`) for the
+        names it leaves out. Raises ``TypeError`` naming an argument the kernel does not take."""
+        unknown = sorted(set(arguments) - set(self.call_arguments))
+        if unknown:
+            takes = ", ".join(self.call_arguments) or "none"
+            raise TypeError(f"{self.name} takes no call argument {', '.join(unknown)} (it takes: {takes})")
+        return {**self.call_arguments, **arguments}
+
+    def run_with(
+        self,
+        inputs: Sequence[torch.Tensor],
+        config: Config,
+        shape: Shape,
+        backend: str,
+        arguments: CallArguments,
+    ) -> KernelOutput:
+        """``run`` for one call's ``arguments`` (see :meth:`arguments_of`). The base, for a kernel
+        that takes none: ``run``. A kernel with :attr:`call_arguments` overrides it (and ``run`` is
+        ``run_with`` at the defaults)."""
+        self.arguments_of(arguments)
+        return self.run(inputs, config, shape, backend)
+
+    def reference_with(
+        self, inputs: Sequence[torch.Tensor], shape: Shape, arguments: CallArguments
+    ) -> KernelOutput:
+        """``reference`` for one call's ``arguments``; the base, for a kernel that takes none:
+        ``reference``."""
+        self.arguments_of(arguments)
+        return self.reference(inputs, shape)
+
+    def vendor_with(self, shape: Shape, device_kind: str, arguments: CallArguments) -> VendorOp | None:
+        """``vendor`` for one call's ``arguments`` (torch's op computing with them); the base, for a
+        kernel that takes none: ``vendor``."""
+        self.arguments_of(arguments)
+        return self.vendor(shape, device_kind)
 
     def backends(self) -> tuple[str, ...]:
         """The implementations ``run`` accepts here, of the declared ``implementations``

@@ -23,13 +23,16 @@ import torch
 from tiletune.client.space import is_vendor
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.errors import DeviceUnavailableError
-from tiletune.kernels.spec import KernelOutput, KernelSpec, VendorOp
+from tiletune.kernels.spec import NO_ARGUMENTS, CallArguments, KernelOutput, KernelSpec, VendorOp
 
 
-def vendor_op(spec: KernelSpec, shape: Shape, device_kind: str) -> VendorOp | None:
-    """torch's own op for ``spec``'s calls of ``shape`` on a ``device_kind`` device, or None (the
-    kernel declares none, or torch has none there)."""
-    return spec.vendor(shape, device_kind) if spec.has_vendor else None
+def vendor_op(
+    spec: KernelSpec, shape: Shape, device_kind: str, arguments: CallArguments = NO_ARGUMENTS
+) -> VendorOp | None:
+    """torch's own op for ``spec``'s calls of ``shape`` on a ``device_kind`` device, computing with
+    the call's ``arguments`` (``KernelSpec.vendor_with``; the kernel's defaults when none are
+    given), or None (the kernel declares none, or torch has none there)."""
+    return spec.vendor_with(shape, device_kind, arguments) if spec.has_vendor else None
 
 
 def run_config(
@@ -48,14 +51,17 @@ def run_config(
     return op(inputs)
 
 
-def untuned_vendor_op(spec: KernelSpec, shape: Shape, device_kind: str, backend: str) -> VendorOp | None:
-    """What an operator call with no measured answer for its key runs: torch's op (returned)
-    wherever the kernel has one for the call, so a patched model is never slower than torch before
-    it is tuned; None (the kernel's rule) where there is none, or where the kernel's figures show
-    the rule faster than torch's op on the implementation ``backend`` (``KernelSpec.rule_beats_vendor``)."""
+def untuned_vendor_op(
+    spec: KernelSpec, shape: Shape, device_kind: str, backend: str, arguments: CallArguments = NO_ARGUMENTS
+) -> VendorOp | None:
+    """What an operator call with no measured answer for its key runs: torch's op (returned, with
+    the call's ``arguments``) wherever the kernel has one for the call, so a patched model is never
+    slower than torch before it is tuned; None (the kernel's rule) where there is none, or where the
+    kernel's figures show the rule faster than torch's op on the implementation ``backend``
+    (``KernelSpec.rule_beats_vendor``)."""
     if backend in spec.rule_beats_vendor:
         return None
-    return vendor_op(spec, shape, device_kind)
+    return vendor_op(spec, shape, device_kind, arguments)
 
 
 def untuned_runs_vendor(spec: KernelSpec, shape: Shape, device_kind: str, backend: str) -> bool:

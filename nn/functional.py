@@ -123,12 +123,13 @@ def scaled_dot_product_attention(  # noqa: PLR0917  (torch's signature, position
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float | None = EPS) -> Tensor:
-    """``x / sqrt(mean(x^2, -1) + eps) * weight`` on ``torch.ops.tiletune.rms_norm`` (whose ``eps``
-    is the kernel's, 1e-6; another ``eps`` runs torch's ``rms_norm``)."""
-    if eps != EPS or weight.dtype != x.dtype:
-        _fall_back(f"rms_norm with eps={eps} or a weight of another dtype (the kernel's eps is {EPS})")
+    """``x / sqrt(mean(x^2, -1) + eps) * weight`` on ``torch.ops.tiletune.rms_norm``, at any ``eps``
+    (the operator's argument, not part of its tuned key); ``None`` is ``torch.finfo(x.dtype).eps``,
+    as in torch's ``rms_norm``. A weight of another dtype than ``x`` runs torch's ``rms_norm``."""
+    if weight.dtype != x.dtype:
+        _fall_back("rms_norm with a weight of another dtype than its input")
         return torch_functional.rms_norm(x, (x.shape[-1],), weight, eps)
-    out: Tensor = torch.ops.tiletune.rms_norm(x, weight)
+    out: Tensor = torch.ops.tiletune.rms_norm(x, weight, torch.finfo(x.dtype).eps if eps is None else eps)
     return out
 
 

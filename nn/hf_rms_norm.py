@@ -5,8 +5,8 @@ A Hugging Face RMSNorm (``LlamaRMSNorm``, ``Qwen2RMSNorm``, ``MistralRMSNorm`` a
 them) is a module whose class name ends with ``RMSNorm``, with a 1-D ``weight`` and a float
 ``variance_epsilon``, whose forward takes the hidden states alone and computes
 ``weight * x / sqrt(mean(x^2, -1) + eps)`` in float32. :func:`tiletune_class` gives such a class a
-forward on :func:`tiletune.nn.functional.rms_norm` (an ``eps`` other than the kernel's 1e-6 runs
-torch's ``rms_norm``): the input and the weight in float32, the result cast to Llama's dtype
+forward on :func:`tiletune.nn.functional.rms_norm` at the module's ``variance_epsilon`` (any value:
+the operator's argument): the input and the weight in float32, the result cast to Llama's dtype
 (``weight`` and input dtypes promoted). Where both are one dtype, every Hugging Face variant returns
 that dtype; the result then differs from Llama's by at most one rounding of that dtype (Llama
 rounds the normalised input before the weight multiplies it, the kernel once at the end).
@@ -38,7 +38,8 @@ def is_hf_rms_norm(module: torch.nn.Module) -> bool:
 
 
 def rms_norm_forward(self: Any, hidden_states: Tensor) -> Tensor:
-    """Llama's RMSNorm (in float32, cast back to the promoted dtype) on the operator."""
+    """Llama's RMSNorm (in float32, cast back to the promoted dtype) on the operator, at the module's
+    ``variance_epsilon``."""
     weight: Tensor = self.weight
     dtype = torch.promote_types(weight.dtype, hidden_states.dtype)
     normed = functional.rms_norm(hidden_states.float(), weight.float(), self.variance_epsilon)

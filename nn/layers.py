@@ -10,15 +10,15 @@ from tiletune.nn import functional
 
 
 class RMSNorm(torch.nn.RMSNorm):
-    """``torch.nn.RMSNorm`` whose forward is :func:`tiletune.nn.functional.rms_norm` (an affine norm
-    over the last dim; any other runs torch's)."""
+    """``torch.nn.RMSNorm`` whose forward is :func:`tiletune.nn.functional.rms_norm` at the module's
+    ``eps`` (``None``: ``torch.finfo(x.dtype).eps``, as torch's) for an affine norm over the last dim;
+    any other runs torch's."""
 
     def forward(self, x: Tensor) -> Tensor:
         """The norm of ``x`` over its last dim, times the weight."""
         if self.weight is None or len(self.normalized_shape) != 1:
             return super().forward(x)
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        return functional.rms_norm(x, self.weight, eps)
+        return functional.rms_norm(x, self.weight, self.eps)
 
 
 class Linear(torch.nn.Linear):

@@ -4,7 +4,8 @@ Importing this package registers them (``torch.library.custom_op``, namespace ``
 
 - ``add(Tensor a, Tensor b) -> Tensor``: ``a + b`` (same sizes, any number of dims);
 - ``softmax(Tensor x) -> Tensor``: softmax over the last dim;
-- ``rms_norm(Tensor x, Tensor weight) -> Tensor``: ``x / sqrt(mean(x^2, -1) + 1e-6) * weight``;
+- ``rms_norm(Tensor x, Tensor weight, float eps=1e-6) -> Tensor``: ``x / sqrt(mean(x^2, -1) + eps) *
+  weight`` (any ``eps``: a call argument, not part of the tuned key);
 - ``matmul(Tensor a, Tensor b) -> Tensor``: ``a [m, k] @ b [k, n]``;
 - ``fused_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, *, int causal=0, float? scale=None)
   -> (Tensor out, Tensor lse)``: ``softmax(scale * q k^T + mask) v`` over ``q [batch, heads, seq_q,
@@ -16,7 +17,8 @@ and the backward operators their autograd calls (:mod:`.gradients`), each runnin
 kernel whose keys carry the forward's dims:
 
 - ``softmax_backward(Tensor out, Tensor grad) -> Tensor``;
-- ``rms_norm_backward(Tensor x, Tensor weight, Tensor grad) -> (Tensor dx, Tensor dweight)``;
+- ``rms_norm_backward(Tensor x, Tensor weight, Tensor grad, float eps=1e-6) -> (Tensor dx, Tensor
+  dweight)``;
 - ``fused_attention_backward(Tensor q, Tensor k, Tensor v, Tensor? mask, Tensor out, Tensor lse, Tensor
   grad, Tensor? grad_lse, *, int causal=0, float? scale=None) -> (Tensor dq, Tensor dk, Tensor dv)``;
 

@@ -23,6 +23,7 @@ from tiletune.kernels.ops.gradients import (
     rms_norm_backward,
     softmax_backward,
 )
+from tiletune.kernels.rms_norm.declaration import EPS
 
 
 @torch.library.custom_op(f"{NAMESPACE}::add", mutates_args=())
@@ -68,24 +69,27 @@ softmax.register_autograd(_softmax_backward, setup_context=_softmax_setup)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::rms_norm", mutates_args=())
-def rms_norm(x: Tensor, weight: Tensor) -> Tensor:
-    """``x / sqrt(mean(x^2, -1) + 1e-6) * weight``, ``weight`` a vector of ``x``'s last dim."""
-    return run_tensor_kernel("rms_norm", (x, weight))
+def rms_norm(x: Tensor, weight: Tensor, eps: float = EPS) -> Tensor:
+    """``x / sqrt(mean(x^2, -1) + eps) * weight``, ``weight`` a vector of ``x``'s last dim; ``eps``
+    (1e-6 by default) is the kernel's call argument, not part of its tuned key."""
+    return run_tensor_kernel("rms_norm", (x, weight), arguments={"eps": eps})
 
 
 @rms_norm.register_fake
-def _rms_norm_fake(x: Tensor, weight: Tensor) -> Tensor:
+def _rms_norm_fake(x: Tensor, weight: Tensor, eps: float = EPS) -> Tensor:
     return x.new_empty(x.shape)
 
 
-def _rms_norm_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
-    ctx.save_for_backward(*inputs)
+def _rms_norm_setup(ctx: Any, inputs: tuple[Tensor, Tensor, float], output: Tensor) -> None:
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
 
 
-def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor, None]:
     x, weight = ctx.saved_tensors
-    dx, dweight = rms_norm_backward(x, weight, grad)
-    return dx, dweight
+    dx, dweight = rms_norm_backward(x, weight, grad, ctx.eps)
+    return dx, dweight, None
 
 
 rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_setup)

@@ -16,6 +16,10 @@ the current source gives for the call's shape.
   portable one.
 - Any other device (an NPU: torch_npu tensors): the portable pipeline, imported lazily as ever.
 - float64 tensors (gradient checks): the kernel's reference formula, in float64; no config.
+- A call's arguments that are not key dims (``rms_norm``'s ``eps``: the kernel's
+  ``call_arguments``) go to :func:`run_kernel` as one mapping, ``arguments``, never among the dims:
+  the key and its config are looked up without them, and whatever runs the call computes with them
+  (the spec's ``run_with``, its ``reference_with`` for float64, torch's op by ``vendor_with``).
 - Mixed dtypes, as autocast hands them over (bf16 or fp16 activations, fp32 weights), run in the
   first input's dtype (the activations'; the kernels accumulate in fp32): the output has it too,
   and each input's gradient comes back in the input's own dtype.
@@ -44,7 +48,7 @@ from tiletune.kernels.launcher import Selection, select_config
 from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops.source import current_source
 from tiletune.kernels.registry import get_kernel
-from tiletune.kernels.spec import KernelOutput, KernelSpec, VendorOp, dtype_name
+from tiletune.kernels.spec import NO_ARGUMENTS, CallArguments, KernelOutput, KernelSpec, VendorOp, dtype_name
 from tiletune.kernels.triton.space import TRITON_BACKEND
 
 
@@ -75,15 +79,17 @@ def _prepared(
     return inputs, implementation(kernel, inputs[0].device.type)
 
 
-def vendor_to_run(selection: Selection, device_kind: str, backend: str) -> VendorOp | None:
-    """torch's op where a call runs it, else None: the answer is the vendor config, or there is no
-    measured answer and torch's op is the untuned call's choice
-    (:func:`~tiletune.kernels.vendor.untuned_vendor_op`)."""
+def vendor_to_run(
+    selection: Selection, device_kind: str, backend: str, arguments: CallArguments = NO_ARGUMENTS
+) -> VendorOp | None:
+    """torch's op (computing with the call's ``arguments``) where a call runs it, else None: the
+    answer is the vendor config, or there is no measured answer and torch's op is the untuned call's
+    choice (:func:`~tiletune.kernels.vendor.untuned_vendor_op`)."""
     if is_vendor(selection.config):
-        return vendor.vendor_op(selection.spec, selection.shape, device_kind)
+        return vendor.vendor_op(selection.spec, selection.shape, device_kind, arguments)
     if selection.measured:
         return None
-    return vendor.untuned_vendor_op(selection.spec, selection.shape, device_kind, backend)
+    return vendor.untuned_vendor_op(selection.spec, selection.shape, device_kind, backend, arguments)
 
 
 def runs_vendor(selection: Selection, device_kind: str, backend: str) -> bool:
@@ -99,26 +105,41 @@ def contiguous(output: KernelOutput) -> KernelOutput:
     return output.contiguous()
 
 
-def run_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> KernelOutput:
+def run_kernel(
+    kernel: str,
+    tensors: Sequence[torch.Tensor],
+    *,
+    arguments: CallArguments = NO_ARGUMENTS,
+    **dims: int | bool,
+) -> KernelOutput:
     """``kernel`` on ``tensors`` (the order its spec's ``run`` takes) under the current source's config
-    for their shape; ``dims`` complete the shape. The result (one tensor, or a backward kernel's
+    for their shape; ``dims`` complete the shape (key dims); ``arguments`` are the call's arguments
+    of the kernel's ``call_arguments`` (``{"eps": 1e-5}``), not part of the key: the config is looked
+    up without them, the kernel (or torch's op, or the float64 reference) computes with them;
+    ``TypeError`` for one the kernel does not take. The result (one tensor, or a backward kernel's
     gradients) is contiguous (the fakes say so)."""
     inputs, runner = _prepared(kernel, tensors)
     if runner is None:
         spec = get_kernel(kernel)
         shape = spec.shape_of(inputs) | {k: int(v) for k, v in dims.items()}
-        return contiguous(spec.reference(inputs, shape))
+        return contiguous(spec.reference_with(inputs, shape, arguments))
     spec, backend = runner
     selection = select_config(spec, *inputs, client=current_source(), dtype=None, runs_vendor=True, **dims)
-    op = vendor_to_run(selection, inputs[0].device.type, backend)
+    op = vendor_to_run(selection, inputs[0].device.type, backend, arguments)
     if op is not None:  # the launcher refuses a vendor answer torch has no op for
         return contiguous(op(inputs))
-    return contiguous(spec.run(inputs, selection.config, selection.shape, backend))
+    return contiguous(spec.run_with(inputs, selection.config, selection.shape, backend, arguments))
 
 
-def run_tensor_kernel(kernel: str, tensors: Sequence[torch.Tensor], **dims: int | bool) -> torch.Tensor:
+def run_tensor_kernel(
+    kernel: str,
+    tensors: Sequence[torch.Tensor],
+    *,
+    arguments: CallArguments = NO_ARGUMENTS,
+    **dims: int | bool,
+) -> torch.Tensor:
     """:func:`run_kernel` for a kernel of one output tensor (``TypeError`` for one of several)."""
-    output = run_kernel(kernel, tensors, **dims)
+    output = run_kernel(kernel, tensors, arguments=arguments, **dims)
     if not isinstance(output, torch.Tensor):
         raise TypeError(f"{kernel} returns {len(output)} tensors, not one")
     return output

@@ -15,6 +15,7 @@ from torch import Tensor
 
 from tiletune.kernels.fused_attention.formula import AttentionSaved
 from tiletune.kernels.ops.dispatch import run_attention_backward, run_kernel, run_tensor_kernel
+from tiletune.kernels.rms_norm.declaration import EPS
 
 NAMESPACE = "tiletune"
 
@@ -31,15 +32,18 @@ def _softmax_backward_fake(out: Tensor, grad: Tensor) -> Tensor:
 
 
 @torch.library.custom_op(f"{NAMESPACE}::rms_norm_backward", mutates_args=())
-def rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    """``rms_norm``'s ``(dx, dweight)`` from its inputs and its output's gradient: ``dx`` in ``x``'s
-    dtype, ``dweight`` in ``weight``'s (an fp32 weight under autocast gets an fp32 gradient)."""
-    dx, dw = run_kernel("rms_norm_backward", (x, weight, grad))
+def rms_norm_backward(x: Tensor, weight: Tensor, grad: Tensor, eps: float = EPS) -> tuple[Tensor, Tensor]:
+    """``rms_norm``'s ``(dx, dweight)`` from its inputs, its ``eps`` (the kernel's call argument) and
+    its output's gradient: ``dx`` in ``x``'s dtype, ``dweight`` in ``weight``'s (an fp32 weight under
+    autocast gets an fp32 gradient)."""
+    dx, dw = run_kernel("rms_norm_backward", (x, weight, grad), arguments={"eps": eps})
     return dx.to(x.dtype), dw.to(weight.dtype)
 
 
 @rms_norm_backward.register_fake
-def _rms_norm_backward_fake(x: Tensor, weight: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+def _rms_norm_backward_fake(
+    x: Tensor, weight: Tensor, grad: Tensor, eps: float = EPS
+) -> tuple[Tensor, Tensor]:
     return x.new_empty(x.shape), weight.new_empty(weight.shape)
 
 

@@ -9,6 +9,10 @@ across the column tiles; the second pass copies each column tile in again with i
 
 Default: as for every row-wise kernel (``total = rows * cols``;
 ``tile_cols = min(cols, E)``, ``tile_rows = E // tile_cols``, both snapped).
+
+``eps`` is a call argument (any value, each call's own), not a dim: the key, the space and the best
+tiling do not depend on it. Benches tune at the default, :data:`EPS`, the value the descriptions
+name.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from tiletune.kernels.declaration import FLOAT32_BYTES, Config, Shape, element_s
 from tiletune.kernels.native.space import NativeDeclaration, with_block_dim
 from tiletune.kernels.softmax.declaration import RowKernelDeclaration, TritonRowDeclaration, row_tiles
 
-#: The epsilon under the root (the operator's: ``torch.ops.tiletune.rms_norm``).
+#: The default epsilon under the root: what ``torch.ops.tiletune.rms_norm`` (and its backward) computes
+#: with when a call gives none, and what a bench tunes at; a call may give any other.
 EPS = 1e-6
 
 

@@ -11,22 +11,30 @@ call. With column tiles the first pass accumulates each row's sum of squares
 (float32) across the column tiles; the second pass copies each column tile in
 again with its slice of ``w`` (a third input queue) and writes
 ``x * rsqrt(sum / cols + eps) * w``.
+
+``eps`` is a call argument (:data:`CALL_ARGUMENTS`), not a key dim: ``run_with``,
+``reference_with`` and ``vendor_with`` take the call's, ``run``, ``reference`` and ``vendor`` (the
+tuning path) the operator's default, :data:`~tiletune.kernels.rms_norm.declaration.EPS`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MappingProxyType
 
 import torch
 
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.native.space import NATIVE_BACKEND
-from tiletune.kernels.native.spec import run_native
+from tiletune.kernels.native.spec import native_twin
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
 from tiletune.kernels.rms_norm import vendor
 from tiletune.kernels.rms_norm.declaration import EPS, RmsNormDeclaration
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, row_plan
-from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size, widened
+from tiletune.kernels.spec import CallArguments, VendorOp, expect_ndim, expect_size, widened
+
+#: The call argument of ``rms_norm`` and its backward, with its default: ``eps``, under the root.
+CALL_ARGUMENTS: CallArguments = MappingProxyType({"eps": EPS})
 
 
 def _accumulate_squares(tile: torch.Tensor, squares: torch.Tensor, block: torch.Tensor, first: bool) -> None:
@@ -47,6 +55,7 @@ class RmsNormSpec(RmsNormDeclaration, RowKernelSpec):
     rule_beats_vendor = (NATIVE_BACKEND,)
 
     input_names = ("x", "w")
+    call_arguments = CALL_ARGUMENTS
 
     def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
         """As for every row-wise kernel (``x``'s last dim is ``cols``); ``w`` is a vector of ``cols``."""
@@ -65,21 +74,50 @@ class RmsNormSpec(RmsNormDeclaration, RowKernelSpec):
         w = torch.rand(shape["cols"], generator=generator) + 0.5
         return x, w.to(device, x.dtype)
 
+    def eps_of(self, arguments: CallArguments) -> float:
+        """The call's ``eps`` (the default where ``arguments`` leave it out; ``TypeError`` for an
+        argument the kernel does not take)."""
+        return self.arguments_of(arguments)["eps"]
+
     def vendor(self, shape: Shape, device_kind: str) -> VendorOp:
-        """``F.rms_norm`` (:mod:`tiletune.kernels.rms_norm.vendor`)."""
+        """``F.rms_norm`` (:mod:`tiletune.kernels.rms_norm.vendor`) at the default ``eps``."""
         return vendor.rms_norm(shape, device_kind)
 
+    def vendor_with(self, shape: Shape, device_kind: str, arguments: CallArguments) -> VendorOp:
+        """``F.rms_norm`` at the call's ``eps``."""
+        return vendor.rms_norm(shape, device_kind, self.eps_of(arguments))
+
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> torch.Tensor:
-        """The formula, in float32 (float64 for float64)."""
+        """The formula at the default ``eps``, in float32 (float64 for float64)."""
+        return self.reference_with(inputs, shape, {})
+
+    def reference_with(
+        self, inputs: Sequence[torch.Tensor], shape: Shape, arguments: CallArguments
+    ) -> torch.Tensor:
+        """The formula at the call's ``eps``, in float32 (float64 for float64)."""
         x, w = (widened(t) for t in inputs)
-        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + EPS) * w
+        return x * torch.rsqrt(x.square().mean(-1, keepdim=True) + self.eps_of(arguments)) * w
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> torch.Tensor:
-        """Tiled rms_norm through the pipeline executor (``native``: the C++ kernel)."""
+        """:meth:`run_with` at the default ``eps``."""
+        return self.run_with(inputs, config, shape, backend, {})
+
+    def run_with(
+        self,
+        inputs: Sequence[torch.Tensor],
+        config: Config,
+        shape: Shape,
+        backend: str,
+        arguments: CallArguments,
+    ) -> torch.Tensor:
+        """Tiled rms_norm at the call's ``eps`` through the pipeline executor (``native``: the C++ kernel)."""
+        eps = self.eps_of(arguments)
         if backend == NATIVE_BACKEND:
-            return run_native("rms_norm", inputs, config, shape)
+            output = native_twin("rms_norm").run_with(inputs, config, shape, NATIVE_BACKEND, arguments)
+            assert isinstance(output, torch.Tensor)  # the native twin's forward: one tensor
+            return output
         require_backend(self.backends(), backend)
         cols = shape["cols"]
         x, w = inputs[0].reshape(-1, cols), inputs[1]  # rows x cols, whatever the caller's leading dims
@@ -105,7 +143,7 @@ class RmsNormSpec(RmsNormDeclaration, RowKernelSpec):
                 if plan.two_pass:
                     return
             if s.first:
-                squares.div_(cols).add_(EPS).rsqrt_()
+                squares.div_(cols).add_(eps).rsqrt_()
             weight = whole_w if whole_w is not None else weights.view(slot, (s.size[1],))
             result = local.work_out(out_slot, s.size)
             torch.mul(tile, squares, out=result).mul_(weight)

@@ -16,6 +16,11 @@ local memory once per call. With column tiles the first pass copies each column 
 pass copies them in again and writes each column tile of ``dx``. Every output step adds its tile's
 ``g x̂`` summed over its rows to the float32 ``dw`` sums (one core here: its partial sums are the
 result), in step order.
+
+``eps`` is the forward's, a call argument (``rms_norm``'s
+:data:`~tiletune.kernels.rms_norm.portable.CALL_ARGUMENTS`), not a key dim: ``run_with``,
+``reference_with`` and ``vendor_with`` take the call's, ``run``, ``reference`` and ``vendor`` (the
+tuning path) the operator's default.
 """
 
 from __future__ import annotations
@@ -31,12 +36,12 @@ from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.space import NATIVE_BACKEND
 from tiletune.kernels.native.spec import native_twin
 from tiletune.kernels.pipeline import Slots, TiledLoop, execute, require_backend
-from tiletune.kernels.rms_norm.declaration import EPS
+from tiletune.kernels.rms_norm.portable import CALL_ARGUMENTS
 from tiletune.kernels.rms_norm_backward import vendor
 from tiletune.kernels.rms_norm_backward.declaration import RmsNormBackwardDeclaration
 from tiletune.kernels.rms_norm_backward.formula import gradients
 from tiletune.kernels.softmax.portable import RowBuffers, RowKernelSpec, RowStep, row_plan
-from tiletune.kernels.spec import VendorOp, expect_ndim, expect_size
+from tiletune.kernels.spec import CallArguments, VendorOp, expect_ndim, expect_size
 
 #: The gradients, in the order ``run`` and ``reference`` return them.
 OUTPUT_NAMES = ("dx", "dw")
@@ -105,6 +110,7 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
     rule_beats_vendor = (NATIVE_BACKEND,)
 
     input_names = ("x", "w", "grad")
+    call_arguments = CALL_ARGUMENTS
 
     def shape_of(self, inputs: Sequence[torch.Tensor]) -> Shape:
         """As for every row-wise kernel (``x``'s last dim is ``cols``); ``w`` is a vector of ``cols``,
@@ -127,23 +133,51 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
         grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed + 2))
         return x, w.to(device, x.dtype), grad.to(device, x.dtype)
 
+    def eps_of(self, arguments: CallArguments) -> float:
+        """The forward's ``eps`` (the default where ``arguments`` leave it out; ``TypeError`` for an
+        argument the kernel does not take)."""
+        return self.arguments_of(arguments)["eps"]
+
     def vendor(self, shape: Shape, device_kind: str) -> VendorOp | None:
         """The gradients autograd computes for ``F.rms_norm``
-        (:mod:`tiletune.kernels.rms_norm_backward.vendor`)."""
+        (:mod:`tiletune.kernels.rms_norm_backward.vendor`), at the default ``eps``."""
         return vendor.rms_norm_backward(shape, device_kind)
 
+    def vendor_with(self, shape: Shape, device_kind: str, arguments: CallArguments) -> VendorOp | None:
+        """The gradients autograd computes for ``F.rms_norm`` at the call's ``eps``."""
+        return vendor.rms_norm_backward(shape, device_kind, self.eps_of(arguments))
+
     def reference(self, inputs: Sequence[torch.Tensor], shape: Shape) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(dx, dw)`` by the formula (:mod:`tiletune.kernels.rms_norm_backward.formula`), in float32
-        (float64 for float64)."""
+        """``(dx, dw)`` by the formula (:mod:`tiletune.kernels.rms_norm_backward.formula`) at the
+        default ``eps``, in float32 (float64 for float64)."""
+        return self.reference_with(inputs, shape, {})
+
+    def reference_with(
+        self, inputs: Sequence[torch.Tensor], shape: Shape, arguments: CallArguments
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dx, dw)`` by the formula at the call's ``eps``, in float32 (float64 for float64)."""
         x, w, grad = inputs
-        return gradients(x, w, grad)
+        return gradients(x, w, grad, self.eps_of(arguments))
 
     def run(
         self, inputs: Sequence[torch.Tensor], config: Config, shape: Shape, backend: str = "torch"
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(dx, dw)`` through the pipeline executor (``native``: the C++ kernel)."""
+        """:meth:`run_with` at the default ``eps``."""
+        return self.run_with(inputs, config, shape, backend, {})
+
+    def run_with(
+        self,
+        inputs: Sequence[torch.Tensor],
+        config: Config,
+        shape: Shape,
+        backend: str,
+        arguments: CallArguments,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(dx, dw)`` at the call's ``eps`` through the pipeline executor (``native``: the C++ kernel)."""
+        eps = self.eps_of(arguments)
         if backend == NATIVE_BACKEND:
-            dx, dw = native_twin("rms_norm_backward").run(inputs, config, shape, NATIVE_BACKEND)
+            native = native_twin("rms_norm_backward")
+            dx, dw = native.run_with(inputs, config, shape, NATIVE_BACKEND, arguments)
             return dx, dw
         require_backend(self.backends(), backend)
         cols = shape["cols"]
@@ -152,7 +186,7 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
         dw = torch.zeros(cols, dtype=torch.float32, device=x.device)  # the one core's partial sums
         if x.numel() > 0:
             execute(
-                self._loop(x, w, grad, dx=dx, dw=dw, config=config, shape=shape),
+                self._loop(x, w, grad, dx=dx, dw=dw, config=config, shape=shape, eps=eps),
                 config["buffer_num"],
                 config["pipeline_depth"],
                 x.device,
@@ -169,8 +203,10 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
         dw: torch.Tensor,
         config: Config,
         shape: Shape,
+        eps: float,
     ) -> TiledLoop:
-        """The stages of one call on ``rows x cols`` matrices: ``dx`` written, ``dw`` accumulated."""
+        """The stages of one call on ``rows x cols`` matrices at ``eps``: ``dx`` written, ``dw``
+        accumulated."""
         cols = shape["cols"]
         plan = row_plan(shape["rows"], cols, config["tile_rows"], config["tile_cols"])
         local, extra = RowBuffers.allocate(x, config), GradBuffers.allocate(grad, config)
@@ -199,7 +235,7 @@ class RmsNormBackwardSpec(RmsNormBackwardDeclaration, RowKernelSpec):
                 if plan.two_pass:
                     return
             if s.first:  # r = rsqrt(mean(x^2) + eps); c = r^3 sum(g w x) / cols
-                squares.div_(cols).add_(EPS).rsqrt_()
+                squares.div_(cols).add_(eps).rsqrt_()
                 gwx.mul_(squares).mul_(squares).mul_(squares).div_(cols)
             result = local.work_out(out_slot, s.size)
             torch.mul(g, weight, out=result).mul_(squares).addcmul_(tile, gwx, value=-1.0)

@@ -9,16 +9,18 @@ from collections.abc import Sequence
 import torch
 
 from tiletune.kernels.declaration import Shape
+from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.rms_norm_backward.formula import gradients
 from tiletune.kernels.spec import VendorOp
 
 
-def rms_norm_backward(shape: Shape, device_kind: str) -> VendorOp:
-    """``(dx, dw)`` from ``(x, w, grad)``, in the inputs' dtypes."""
+def rms_norm_backward(shape: Shape, device_kind: str, eps: float = EPS) -> VendorOp:
+    """``(dx, dw)`` from ``(x, w, grad)`` at the forward's ``eps`` (the operator's default when none
+    is given), in the inputs' dtypes."""
 
     def backward(inputs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
         x, w, grad = inputs
-        dx, dw = gradients(x, w, grad)
+        dx, dw = gradients(x, w, grad, eps)
         return dx.to(x.dtype), dw.to(w.dtype)
 
     return backward

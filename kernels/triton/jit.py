@@ -24,7 +24,6 @@ import triton
 import triton.language as tl
 
 from tiletune.kernels.fused_attention.declaration import padded_head_dim
-from tiletune.kernels.rms_norm.declaration import EPS as RMS_EPS
 from tiletune.kernels.triton.spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).
@@ -165,6 +164,7 @@ def rms_norm(
     x: torch.Tensor,
     w: torch.Tensor,
     out: torch.Tensor,
+    eps: float,
     block_rows: int,
     block_cols: int,
     options: Mapping[str, object],
@@ -177,7 +177,7 @@ def rms_norm(
         out,
         rows,
         cols,
-        RMS_EPS,
+        eps,
         BLOCK_ROWS=block_rows,
         BLOCK_COLS=block_cols,
         ONE_PASS=block_cols >= cols,

@@ -26,7 +26,6 @@ import torch
 import triton
 import triton.language as tl
 
-from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.triton.spec import interpreting
 
 #: Whether ``@triton.jit`` below made interpreted kernels (it reads TRITON_INTERPRET when decorating).
@@ -130,12 +129,13 @@ def rms_norm_backward(
     w: torch.Tensor,
     grad: torch.Tensor,
     dx: torch.Tensor,
+    eps: float,
     blocks: tuple[int, int],
     options: Mapping[str, object],
 ) -> torch.Tensor:
-    """Write ``dx`` for contiguous ``rows x cols`` matrices ``x`` and ``grad`` (``blocks``:
-    ``(block_rows, block_cols)``) and return ``dw`` (float32): the programs' partial sums added in
-    program order."""
+    """Write ``dx`` for contiguous ``rows x cols`` matrices ``x`` and ``grad`` at the forward's ``eps``
+    (``blocks``: ``(block_rows, block_cols)``) and return ``dw`` (float32): the programs' partial sums
+    added in program order."""
     rows, cols = x.shape
     block_rows, block_cols = blocks
     programs = program_count(x.device, triton.cdiv(rows, block_rows))
@@ -148,7 +148,7 @@ def rms_norm_backward(
         partials,
         rows,
         cols,
-        EPS,
+        eps,
         BLOCK_ROWS=block_rows,
         BLOCK_COLS=block_cols,
         ONE_PASS=block_cols >= cols,

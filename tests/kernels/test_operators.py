@@ -1,5 +1,6 @@
 """``torch.ops.tiletune.*``: opcheck, gradients (gradcheck, and against torch's own ops), the config
-source asked per call, and ``torch.compile`` with no graph break, forward and backward."""
+source asked per call, and ``torch.compile`` with no graph break, forward and backward; ``rms_norm``
+at any ``eps`` (its call argument, not part of its key)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from torch import Tensor
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch.nn import functional
 
+from tiletune.client.space import VENDOR_CONFIG
 from tiletune.kernels import select_config
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.ops import OPERATORS, configure, current_source, using_source
+from tiletune.kernels.ops.dispatch import run_kernel
 from tiletune.kernels.ops.source import URL_ENV
 from tiletune.kernels.registry import get_kernel
 
@@ -383,9 +386,10 @@ def test_the_process_source_is_asked_unless_a_block_overrides_it() -> None:
 
 
 def every_operator(*inputs: Tensor) -> tuple[Tensor, Tensor]:
-    """A function of every operator: ``softmax(rms_norm(x) @ m)`` added to itself, and attention."""
+    """A function of every operator: ``softmax(rms_norm(x, eps 1e-5) @ m)`` added to itself, and
+    attention."""
     x, w, m, q, k, v = inputs
-    h = OPS.softmax(OPS.matmul(OPS.rms_norm(x, w), m))
+    h = OPS.softmax(OPS.matmul(OPS.rms_norm(x, w, 1e-5), m))  # an eps of its own: a float argument
     return OPS.add(h, h), OPS.fused_attention(q, k, v, causal=1)[0]
 
 
@@ -513,3 +517,85 @@ def test_opcheck_passes_for_the_attention_backward_operator(causal: int) -> None
     grad, grad_lse = torch.randn_like(out), torch.randn_like(lse)
     args = (q, k, v, mask, out, lse, grad, grad_lse)
     torch.library.opcheck(OPS.fused_attention_backward, args, {"causal": causal, "scale": 0.3})
+
+
+# -- eps, rms_norm's call argument ---------------------------------------------------------------
+
+#: eps other than the operator's default: a Hugging Face checkpoint's, float32's machine epsilon.
+OTHER_EPS = (1e-5, torch.finfo(torch.float32).eps)
+
+
+def small_rms_norm_inputs(
+    dtype: torch.dtype, sizes: tuple[tuple[int, ...], ...] = SIZES["rms_norm"], *, seed: int = 0
+) -> tuple[Tensor, Tensor]:
+    """``rms_norm``'s ``x`` (of magnitude 1e-3: ``mean(x^2)`` about 1e-6, so that ``eps`` moves the
+    result) and weight."""
+    x, weight = random_tensors(sizes, dtype, seed=seed)
+    return x * 1e-3, weight
+
+
+def test_opcheck_passes_for_rms_norm_and_its_backward_at_another_eps() -> None:
+    x, weight = small_rms_norm_inputs(torch.float32)
+    torch.library.opcheck(OPS.rms_norm, (x.requires_grad_(), weight.requires_grad_(), 1e-5))
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(9))
+    torch.library.opcheck(OPS.rms_norm_backward, (x.detach(), weight.detach(), grad, 1e-5))
+
+
+def test_gradcheck_of_rms_norm_in_float64_at_another_eps() -> None:
+    """The backward runs at the forward's eps: at another, its gradients would not be the forward's."""
+    x, weight = small_rms_norm_inputs(torch.float64, GRADCHECK_SIZES["rms_norm"], seed=1)
+    x.requires_grad_()
+    weight.requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, w: OPS.rms_norm(x, w, 1e-5), (x, weight))
+    with torch.no_grad():
+        torch.testing.assert_close(OPS.rms_norm(x, weight, 1e-5), functional.rms_norm(x, (7,), weight, 1e-5))
+
+
+def rms_norm_source(answer: str) -> RecordingSource:
+    """A source answering ``rms_norm`` and its backward with the kernels' rules (``rule``: the native
+    kernel on CPUs where it is built), torch's op (``vendor``) or another tiled config (``tiled``)."""
+    shape = SHAPES["rms_norm"]
+    if answer == "vendor":
+        return RecordingSource({"rms_norm": VENDOR_CONFIG, "rms_norm_backward": VENDOR_CONFIG})
+    if answer == "tiled":
+        kernels = ("rms_norm", "rms_norm_backward")
+        return RecordingSource({kernel: another_valid_config(kernel, shape) for kernel in kernels})
+    return RecordingSource()
+
+
+@pytest.mark.parametrize("eps", OTHER_EPS, ids=["1e-5", "finfo"])
+@pytest.mark.parametrize("answer", ["rule", "vendor", "tiled"])
+def test_rms_norm_values_and_gradients_match_torch_at_the_calls_eps(answer: str, eps: float) -> None:
+    """Whatever runs the call computes at its eps; the key looked up has no eps."""
+    args = small_rms_norm_inputs(torch.float32, seed=3)
+    source = rms_norm_source(answer)
+    with using_source(source):
+        ours = values_and_grads(lambda x, w: OPS.rms_norm(x, w, eps), args, seed=4)
+    theirs = values_and_grads(lambda x, w: functional.rms_norm(x, (300,), w, eps), args, seed=4)
+    for got, expected in zip(ours, theirs, strict=True):
+        assert_close_at_scale(got, expected)
+    shape = SHAPES["rms_norm"]
+    assert source.asked == [("rms_norm", shape, "float32"), ("rms_norm_backward", shape, "float32")]
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_compiled_rms_norm_at_another_eps_is_one_graph_with_torchs_results(dynamic: bool) -> None:
+    def norm(x: Tensor, weight: Tensor) -> Tensor:
+        out: Tensor = OPS.rms_norm(x, weight, 1e-5)
+        return out
+
+    args = small_rms_norm_inputs(torch.float32, seed=5)
+    explanation = torch._dynamo.explain(norm)(*args)
+    assert (explanation.graph_count, explanation.graph_break_count) == (1, 0)
+    compiled = torch.compile(norm, fullgraph=True, dynamic=dynamic)
+    ours = values_and_grads(compiled, args, seed=6)
+    theirs = values_and_grads(lambda x, w: functional.rms_norm(x, (300,), w, 1e-5), args, seed=6)
+    for got, expected in zip(ours, theirs, strict=True):
+        assert_close_at_scale(got, expected)
+
+
+def test_a_call_argument_a_kernel_does_not_take_is_a_type_error() -> None:
+    (x,) = random_tensors(SIZES["softmax"], torch.float32)
+    with pytest.raises(TypeError, match=r"softmax takes no call argument eps \(it takes: none\)"):
+        run_kernel("softmax", (x,), arguments={"eps": 1e-5})

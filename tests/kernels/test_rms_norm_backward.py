@@ -7,6 +7,9 @@ gradient is taken, so what remains is the kernels' float32 arithmetic and the ro
 outputs; ``dw`` sums ``rows`` terms, hence its looser bound). Shapes include ones no tile divides,
 leading dims, whole-row and column tiles, and every ``buffer_num`` / ``pipeline_depth``. The native
 extension is part of the product on CPUs: when it is not built its tests fail with the reason.
+
+``eps`` is a call argument of the family (``run_with``, ``reference_with``, ``vendor_with``): every
+implementation, forward and backward, computes at the call's against torch's ``F.rms_norm`` there.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.errors import ShapeError
 from tiletune.kernels.native.build import native_status
 from tiletune.kernels.pipeline import tracing
+from tiletune.kernels.rms_norm import native as forward_native
+from tiletune.kernels.rms_norm import portable as forward_portable
+from tiletune.kernels.rms_norm import triton as forward_triton
 from tiletune.kernels.rms_norm.declaration import EPS
 from tiletune.kernels.rms_norm_backward.native import SPEC as NATIVE
 from tiletune.kernels.rms_norm_backward.portable import SPEC as PORTABLE
@@ -226,3 +232,106 @@ def test_the_reference_is_the_formula_in_float32_and_float64() -> None:
     assert all(t.dtype == torch.float64 for t in wide)
     for got, want in zip(wide, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=1e-10)
+
+
+# -- eps, the call argument ----------------------------------------------------------------------
+
+#: eps other than the default: a Hugging Face checkpoint's, float32's machine epsilon (``torch.nn.RMSNorm``'s
+#: default), a large one.
+OTHER_EPS = (1e-5, torch.finfo(torch.float32).eps, 0.1)
+#: Each implementation's forward and backward specs, and configs over 37 x 300: whole rows and column tiles.
+IMPLEMENTATIONS: dict[str, tuple[KernelSpec, KernelSpec, list[Config]]] = {
+    "torch": (
+        forward_portable.SPEC,
+        PORTABLE,
+        [
+            {"tile_rows": 8, "tile_cols": 300, "buffer_num": 2, "pipeline_depth": 2},
+            {"tile_rows": 4, "tile_cols": 64, "buffer_num": 3, "pipeline_depth": 3},
+        ],
+    ),
+    "native": (
+        forward_native.SPEC,
+        NATIVE,
+        [
+            {"tile_rows": 8, "tile_cols": 300, "block_dim": 2, "buffer_num": 2, "pipeline_depth": 2},
+            {"tile_rows": 4, "tile_cols": 64, "block_dim": 2, "buffer_num": 1, "pipeline_depth": 1},
+        ],
+    ),
+    "triton": (
+        forward_triton.SPEC,
+        TRITON,
+        [
+            {"block_rows": 8, "block_cols": 512, "num_stages": 1, "num_warps": 4},
+            {"block_rows": 4, "block_cols": 64, "num_stages": 2, "num_warps": 2},
+        ],
+    ),
+}
+
+
+def small_case(eps: float) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], Shape]:
+    """``(x, w, grad)`` in float32 with ``x`` of magnitude 1e-3 (``mean(x^2)`` about 1e-6, so that
+    ``eps`` moves the result), and torch's float64 ``(y, dx, dw)`` of ``F.rms_norm`` at ``eps``."""
+    (x, w, grad), _, shape = autograd_case((37, 300), "float32", seed=5)
+    x = x * 1e-3
+    x64, w64 = x.double().requires_grad_(), w.double().requires_grad_()
+    y = functional.rms_norm(x64, (300,), w64, eps)
+    dx, dw = torch.autograd.grad(y, (x64, w64), grad.double())
+    return (x, w, grad), (y.detach(), dx, dw), shape
+
+
+def assert_close_at_scale(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """float32 ``got`` is float64 ``want`` within 1e-5 of its largest magnitude (at least 1)."""
+    scale = max(1.0, float(want.abs().max()))
+    torch.testing.assert_close(got.double(), want, atol=1e-5 * scale, rtol=1e-5, msg=what)
+
+
+def one_output(output: object) -> torch.Tensor:
+    """A forward's output: one tensor."""
+    assert isinstance(output, torch.Tensor)
+    return output
+
+
+@pytest.mark.usefixtures("native_built")
+@pytest.mark.parametrize("eps", OTHER_EPS)
+@pytest.mark.parametrize("backend", ["torch", "native", pytest.param("triton", marks=needs_triton)])
+def test_every_implementation_computes_at_the_calls_eps(backend: str, eps: float) -> None:
+    forward, backward, configs = IMPLEMENTATIONS[backend]
+    (x, w, grad), (y, dx, dw), shape = small_case(eps)
+    arguments = {"eps": eps}
+    for config in configs:
+        out = forward.run_with((x, w), config, shape, backend, arguments)
+        assert isinstance(out, torch.Tensor)
+        assert_close_at_scale(out, y, f"y {config}")
+        gradients = backward.run_with((x, w, grad), config, shape, backend, arguments)
+        for name, got, want in zip(GRADIENTS, gradients, (dx, dw), strict=True):
+            assert_close_at_scale(got, want, f"{name} {config}")
+    at_default = forward.run((x, w), configs[0], shape, backend)
+    assert isinstance(at_default, torch.Tensor)
+    assert not torch.allclose(at_default.double(), y, rtol=1e-3), "the case does not tell eps apart"
+
+
+@pytest.mark.parametrize("eps", OTHER_EPS)
+def test_the_reference_and_torchs_op_compute_at_the_calls_eps(eps: float) -> None:
+    (x, w, grad), (y, dx, dw), shape = small_case(eps)
+    arguments = {"eps": eps}
+    forward = forward_portable.SPEC
+    assert_close_at_scale(one_output(forward.reference_with((x, w), shape, arguments)), y, "reference")
+    vendor_op = forward.vendor_with(shape, "cpu", arguments)
+    assert vendor_op is not None
+    assert_close_at_scale(one_output(vendor_op((x, w))), y, "torch's op")
+    backward_op = PORTABLE.vendor_with(shape, "cpu", arguments)
+    assert backward_op is not None
+    for got_gradients in (PORTABLE.reference_with((x, w, grad), shape, arguments), backward_op((x, w, grad))):
+        for name, got, want in zip(GRADIENTS, got_gradients, (dx, dw), strict=True):
+            assert_close_at_scale(got, want, name)
+    wide = forward.reference_with((x.double(), w.double()), shape, arguments)
+    torch.testing.assert_close(wide, y, atol=1e-12, rtol=1e-10)
+
+
+def test_a_call_argument_the_kernel_does_not_take_is_a_type_error() -> None:
+    (x, w, grad), _, shape = small_case(1e-5)
+    config = IMPLEMENTATIONS["torch"][2][0]
+    with pytest.raises(TypeError, match="rms_norm takes no call argument scale"):
+        forward_portable.SPEC.run_with((x, w), config, shape, "torch", {"scale": 2.0})
+    with pytest.raises(TypeError, match="rms_norm_backward takes no call argument scale"):
+        PORTABLE.reference_with((x, w, grad), shape, {"scale": 2.0})

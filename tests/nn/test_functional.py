@@ -133,3 +133,39 @@ def test_rms_norm_and_linear_match_torch_with_gradients() -> None:
     bias = torch.randn(20, generator=generator).requires_grad_()
     ours = functional.linear(x, matrix, bias)
     assert_same_with_gradients(ours, torch_functional.linear(x, matrix, bias), (x, matrix, bias))
+
+
+def tiletune_operators(fn: Callable[[], Any]) -> set[str]:
+    """The ``tiletune::`` operators a call of ``fn`` runs, its backward included."""
+    with profile() as trace:
+        fn()
+    return {event.name for event in trace.events() if event.name.startswith("tiletune::")}
+
+
+@pytest.mark.parametrize("eps", [1e-5, None, 0.1], ids=["1e-5", "finfo", "0.1"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rms_norm_runs_the_operator_at_any_eps_as_torch_computes_it(
+    eps: float | None, dtype: torch.dtype
+) -> None:
+    """``eps`` is the operator's argument (``None``: the dtype's machine epsilon, as torch's); ``x`` of
+    magnitude 1e-3 makes ``mean(x^2)`` about 1e-6, so that each eps moves the result."""
+    generator = torch.Generator().manual_seed(2)
+    x = (torch.randn(3, 7, 48, generator=generator, dtype=dtype) * 1e-3).requires_grad_()
+    weight = (torch.rand(48, generator=generator, dtype=dtype) + 0.5).requires_grad_()
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        return functional.rms_norm(x, weight, eps), torch_functional.rms_norm(x, (48,), weight, eps)
+
+    assert tiletune_operators(lambda: torch.autograd.backward(both()[0].sum())) == {
+        "tiletune::rms_norm",
+        "tiletune::rms_norm_backward",
+    }
+    assert_same_with_gradients(*both(), (x, weight))
+
+
+def test_rms_norm_with_a_weight_of_another_dtype_runs_torchs() -> None:
+    x, weight = torch.randn(4, 16, dtype=torch.bfloat16), torch.rand(16) + 0.5
+    assert tiletune_operators(lambda: functional.rms_norm(x, weight, 1e-5)) == set()
+    torch.testing.assert_close(
+        functional.rms_norm(x, weight, 1e-5), torch_functional.rms_norm(x, (16,), weight, 1e-5)
+    )

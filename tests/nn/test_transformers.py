@@ -184,7 +184,8 @@ def test_the_patched_llama_compiles_whole() -> None:
         (torch.float32, torch.float32, 1e-6),
         (torch.bfloat16, torch.bfloat16, 1e-6),
         (torch.float32, torch.bfloat16, 1e-6),  # Llama's result: float32
-        (torch.float32, torch.float32, 1e-5),  # not the kernel's eps: torch's rms_norm
+        (torch.float32, torch.float32, 1e-5),  # many checkpoints' eps: the operator's argument
+        (torch.bfloat16, torch.bfloat16, 1e-5),
     ],
 )
 def test_a_patched_hf_rms_norm_keeps_llamas_dtypes_and_results(
@@ -203,7 +204,23 @@ def test_a_patched_hf_rms_norm_keeps_llamas_dtypes_and_results(
     # One rounding of the narrower dtype apart at most (see tiletune.nn.hf_rms_norm).
     atol, rtol = (1e-5, 1e-4) if input_dtype == torch.float32 else (2e-2, 8e-3)
     torch.testing.assert_close(ours, theirs, atol=atol, rtol=rtol)
-    assert ("tiletune::rms_norm" in tiletune_operators(model, x)) is (eps == 1e-6)
+    assert "tiletune::rms_norm" in tiletune_operators(model, x)  # at any variance_epsilon
+
+
+@pytest.mark.parametrize("eps", [1e-5, 1e-3])
+def test_a_patched_hf_rms_norm_computes_at_its_variance_epsilon(eps: float) -> None:
+    """``x`` of magnitude 1e-3 makes ``mean(x^2)`` about 1e-6, so that the eps moves the result."""
+    torch.manual_seed(0)
+    reference = LlamaRMSNorm(64, eps=eps)  # type: ignore[no-untyped-call]
+    reference.weight.data.uniform_(0.5, 1.5)
+    model = torch.nn.Sequential(LlamaRMSNorm(64, eps=eps))  # type: ignore[no-untyped-call]
+    model.load_state_dict(torch.nn.Sequential(reference).state_dict())
+    tiletune.nn.patch(model)
+    x = torch.randn(3, 5, 64) * 1e-3
+    torch.testing.assert_close(model(x), reference(x), atol=ATOL, rtol=RTOL)
+    at_default = LlamaRMSNorm(64, eps=1e-6)  # type: ignore[no-untyped-call]
+    at_default.load_state_dict(reference.state_dict())
+    assert not torch.allclose(model(x), at_default(x), rtol=1e-3)  # the case tells the eps apart
 
 
 class OffsetRMSNorm(torch.nn.Module):
@@ -222,6 +239,21 @@ class OffsetRMSNorm(torch.nn.Module):
 def test_patch_leaves_an_rms_norm_of_another_kind_alone() -> None:
     model = tiletune.nn.patch(torch.nn.Sequential(OffsetRMSNorm(64)))
     assert type(model[0]) is OffsetRMSNorm
+    summary = tiletune.nn.patch_summary(model)
+    assert summary is not None
+    assert (summary.replaced, summary.left) == ({}, {("OffsetRMSNorm", "not Llama's kind of RMSNorm"): 1})
+
+
+def test_the_patch_summary_counts_llamas_linears_and_rms_norms() -> None:
+    model, reference = tiletune_llama(), llama("sdpa")
+    summary = tiletune.nn.patch_summary(model)
+    expected = {
+        "Linear": sum(type(module) is torch.nn.Linear for module in reference.modules()),
+        "LlamaRMSNorm": sum(type(module) is LlamaRMSNorm for module in reference.modules()),
+    }
+    assert expected == {"Linear": 2 * 7 + 1, "LlamaRMSNorm": 2 * 2 + 1}  # per layer, and the head's
+    assert summary == tiletune.nn.PatchSummary(replaced=expected, left={}, attention="routed")
+    assert str(summary).startswith("tiletune.patch: replaced 15 Linear, 5 LlamaRMSNorm; attention routed")
 
 
 def test_a_patched_llama_pickles_whole_and_loads_on_the_operators() -> None:
