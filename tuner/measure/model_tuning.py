@@ -44,9 +44,7 @@ def tune(
     source = TuningSource(settings)
     try:
         with using_source(source):
-            with torch.no_grad():
-                model(*example_inputs)
-            _training_step(model, example_inputs)
+            run_steps(model, example_inputs)
     finally:
         source.close()
     if not source.met:
@@ -57,9 +55,12 @@ def tune(
     return source.tuned
 
 
-def _training_step(model: torch.nn.Module, example_inputs: tuple[object, ...]) -> None:
-    """A forward and the gradients of its floating-point outputs' sum for the parameters that take
-    them, written nowhere (no parameter needs a gradient: the forward alone)."""
+def run_steps(model: torch.nn.Module, example_inputs: tuple[object, ...]) -> None:
+    """The steps whose keys :func:`tune` tunes: a ``no_grad`` forward, then a forward and the
+    gradients of its floating-point outputs' sum for the parameters that take them, written nowhere
+    (no parameter needs a gradient: the forward alone)."""
+    with torch.no_grad():
+        model(*example_inputs)
     output = model(*example_inputs)
     parameters = [p for p in model.parameters() if p.requires_grad]
     leaves = [

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 from tiletune.client.chip import software_fingerprint
 from tiletune.client.space import is_vendor, vendor_config
@@ -35,6 +35,8 @@ from tiletune.tuner.measure.replay import ReplaySpace
 from tiletune.tuner.search.finalists import Timing, finalists, judge
 from tiletune.tuner.search.search import Search, SearchSpace, TpeOptions
 from tiletune.tuner.search.trials import Candidate
+
+R = TypeVar("R")
 
 #: Called after each trial with (unique valid measurements so far, best time so far in ms).
 Progress = Callable[[int, float | None], None]
@@ -94,6 +96,10 @@ class TuneReport:
     software: dict[str, str | None] = field(default_factory=software_fingerprint)
     #: torch's op in the validation run (None: the kernel has none here, or it did not run).
     vendor: Measurement | None = None
+    #: Seconds per phase: ``prepare`` (the bench: inputs, reference, the default's check; a fresh
+    #: trial process's start), ``trials`` (configs built, checked and measured), ``search`` (the
+    #: strategy's asks and tells), ``validate`` (the interleaved validation run).
+    phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def implementation(self) -> str:
@@ -138,6 +144,7 @@ class TuneReport:
             "speedup_vs_vendor": self.speedup_vs_vendor,
             "validated": [{"config": c, **m.as_dict()} for c, m in self.validated],
             "wall_s": self.wall_s,
+            "phases": self.phases,
         }
 
 
@@ -210,10 +217,9 @@ def tune(
     progress: Progress | None = None,
     isolation: TrialPool | None = None,
 ) -> TuneReport:
-    """Tune ``spec`` for ``shape``/``dtype`` on ``device``; see the module docstring. With
-    ``isolation`` the configs run in its trial process, as a worker's do (raises
-    :class:`~tiletune.tuner.measure.isolation.DeviceUnusableError` when a fresh one cannot run
-    the default); else in this process."""
+    """Tune ``spec`` for ``shape``/``dtype`` on ``device`` (see the module); with ``isolation`` in its
+    trial process as a worker does (:class:`~tiletune.tuner.measure.isolation.DeviceUnusableError`
+    when a fresh one cannot run the default), else in this process."""
     started = time.monotonic()
     limits = device.chip.limits
     default = spec.default_config(shape, dtype, limits)
@@ -224,20 +230,21 @@ def tune(
     )
     search = _search(space, options)
     builds = shared_build_ahead()  # a kernel whose configs are builds: built ahead, never while timed
+    clock = PhaseClock()
     bench = _bench(spec, shape, dtype, device, settings=options.bench, backend=backend, isolation=isolation)
+    clock.lap("prepare")
+    evaluate = clock.timed("trials", partial(builds.evaluate, bench))
     results, trace = run_search(
-        search,
-        partial(builds.evaluate, bench),
-        progress,
-        ahead=builds.depth(spec),
-        prepare=partial(builds.submit, bench),
+        search, evaluate, progress, ahead=builds.depth(spec), prepare=partial(builds.submit, bench)
     )
     if not search.best(1):
         raise RuntimeError(f"no valid config of {spec.name} ran correctly for {spec.canonical_shape(shape)}")
 
-    default_result = results.get(config_key(default)) or builds.evaluate(bench, default)
+    default_result = results.get(config_key(default)) or evaluate(default)
+    clock.lap("search")
     top = [config for config, _ in search.best(options.validate_top)]
     validation = validate(bench, top, default, default_ok=default_result.ok)
+    clock.lap("validate")
     return TuneReport(
         kernel=spec.name,
         kernel_version=spec.version,
@@ -257,7 +264,38 @@ def tune(
         wall_s=time.monotonic() - started,
         trace=trace,
         vendor=validation.vendor,
+        phases=clock.seconds,
     )
+
+
+class PhaseClock:
+    """Seconds spent per phase: :meth:`lap` charges the time since the last lap to a phase, less the
+    time of the :meth:`timed` calls made meanwhile, which their own phase gets."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self._mark = time.monotonic()
+        self._inner = 0.0
+
+    def lap(self, phase: str) -> None:
+        """Charge the time since the last lap (less the timed calls') to ``phase``."""
+        now = time.monotonic()
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + now - self._mark - self._inner
+        self._mark, self._inner = now, 0.0
+
+    def timed(self, phase: str, function: Callable[..., R]) -> Callable[..., R]:
+        """``function``, each call's time charged to ``phase``."""
+
+        def call(*args: Any, **kwargs: Any) -> R:
+            start = time.monotonic()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent = time.monotonic() - start
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + spent
+                self._inner += spent
+
+        return call
 
 
 def _bench(
