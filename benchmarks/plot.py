@@ -56,7 +56,7 @@ from benchmarks.plots.client import plot_lookup_latency
 from benchmarks.plots.dashboard import plot_dashboard
 from benchmarks.plots.http import plot_http_load, plot_http_lookup
 from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality, plot_untuned_choice
-from benchmarks.plots.model import plot_model_step
+from benchmarks.plots.model import plot_local_tune, plot_model_step
 from benchmarks.plots.search import plot_search_replay, plot_space_basins
 from benchmarks.plots.service import plot_replay_worker_cost, plot_service_overhead
 
@@ -75,6 +75,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "lookup_latency": plot_lookup_latency,
     "dashboard": plot_dashboard,
     "model_step": plot_model_step,
+    "local_tune": plot_local_tune,
     "isolation_overhead": plot_isolation_overhead,
     "cpp_lookup": plot_cpp_lookup,
     "compile_time_tiles": plot_compile_time_tiles,

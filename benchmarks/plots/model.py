@@ -122,3 +122,43 @@ def plot_model_step(document: dict[str, Any]) -> Figure:
     )
     figure.tight_layout()
     return figure
+
+
+#: The colours of a tuned key's phases (``local_tune``).
+PHASE_COLOURS = {
+    "prepare": "tab:grey",
+    "trials": "tab:blue",
+    "search": "tab:orange",
+    "validate": "tab:green",
+}
+
+
+def plot_local_tune(document: dict[str, Any]) -> Figure:
+    """``local_tune``: each key's seconds, split into its phases, with the run's total against the
+    goal's bound in the title."""
+    keys: list[dict[str, Any]] = document["keys"]
+    figure, axis = plt.subplots(figsize=(11, 0.32 * len(keys) + 2.0), layout="constrained")
+    positions = np.arange(len(keys))[::-1]
+    left = np.zeros(len(keys))
+    for phase, colour in PHASE_COLOURS.items():
+        widths = np.array([key["phases"].get(phase, 0.0) for key in keys])
+        axis.barh(positions, widths, left=left, color=colour, label=phase)
+        left += widths
+    rest = np.array([key["seconds"] for key in keys]) - left
+    axis.barh(positions, np.clip(rest, 0.0, None), left=left, color="lightgrey", label="other")
+    labels = [f"{key['kernel']} {key['shape']}"[:64] for key in keys]
+    for position, key in zip(positions, keys, strict=True):
+        answer = key["implementation"] or "failed"
+        axis.annotate(f" {answer}", (key["seconds"], position), va="center", fontsize=7)
+    axis.set_yticks(positions, labels, fontsize=6)
+    axis.set_xlabel("seconds")
+    goal, model, again = document["goal"], document["model"], document["second_run"]
+    verdict = "met" if goal["met"] else "missed"
+    axis.set_title(
+        f"{len(keys)} keys of {model['kind']} at {model['seq']} tokens, {document['trials_per_key']} "
+        f"trials each: {document['total_s']:.0f} s (goal ≤ {goal['bound_s']:.0f} s; {verdict})\n"
+        f"second run: {again['exact']} of {again['keys']} keys exact, {again['tuned']} tuned",
+        fontsize=9,
+    )
+    axis.legend(loc="lower right", fontsize=8)
+    return figure

@@ -425,6 +425,37 @@ UNTUNED_CHOICE: dict[str, Any] = {
 }
 
 
+def _tuned_key(kernel: str, shape: str, seconds: float, implementation: str) -> dict[str, Any]:
+    """One key of ``local_tune``."""
+    phases = {"prepare": 0.1, "trials": seconds * 0.4, "search": 0.01, "validate": seconds * 0.5}
+    return {
+        "kernel": kernel,
+        "shape": shape,
+        "dtype": "float32",
+        "seconds": seconds,
+        "error": None,
+        "implementation": implementation,
+        "speedup_vs_vendor": 1.0,
+        "trials": 16,
+        "phases": phases,
+    }
+
+
+LOCAL_TUNE: dict[str, Any] = {
+    "benchmark": "local_tune",
+    "quick": True,
+    "model": {"kind": "llama", "seq": 128, "batch": 1},
+    "trials_per_key": 16,
+    "keys": [
+        _tuned_key("rms_norm", "rows=128,cols=512", 4.0, "native"),
+        _tuned_key("matmul", "m=128,n=512,k=512,a_transposed=0,b_transposed=1", 5.0, "vendor"),
+    ],
+    "total_s": 9.5,
+    "second_run": {"seconds": 1.0, "keys": 2, "tuned": 0, "exact": 2},
+    "goal": {"bound_s": 120.0, "keys": 2, "met": True},
+}
+
+
 #: Every document, by its ``benchmark`` field.
 DOCUMENTS: dict[str, dict[str, Any]] = {
     document["benchmark"]: document
@@ -444,5 +475,6 @@ DOCUMENTS: dict[str, dict[str, Any]] = {
         CPP_LOOKUP,
         COMPILE_TIME_TILES,
         UNTUNED_CHOICE,
+        LOCAL_TUNE,
     )
 }

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+import optuna
+
 from tiletune.client import ConfigClient
 from tiletune.client.disk import read_bundle, write_bundle
 from tiletune.client.tiling import Tiling
@@ -63,11 +65,24 @@ DEFAULT_TRIALS = 16
 DEFAULT_FILE = "tiletune_configs.json"
 #: Seconds of timed runs per trial of local tuning (a worker's: 0.4).
 LOCAL_BUDGET_S = 0.1
+#: The search's best configs re-measured beside the rule and torch's op in a key's validation run (a
+#: worker's: 5). With search trials timed once, more of the top configs are near-ties, and each
+#: finalist costs its share of the validation run (``docs/benchmarks.md#local_tune``: 3 or 5).
+LOCAL_FINALISTS = 3
 #: Trials per key at most (a typo of a few zeros must not hold a run for days).
 MAX_TRIALS = 10_000
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"", "0", "false", "no", "off"})
+
+
+def local_bench_settings() -> BenchSettings:
+    """How local tuning measures: the worker's settings on a quarter of its timing budget
+    (:data:`LOCAL_BUDGET_S`), and a search trial timed once, not again beside the default (a
+    worker's ``against_default``, which cancels a shared machine's drift between trials and more than
+    doubles a trial's time). A run waits for its keys; the validation run, where the top configs,
+    the rule and torch's op are timed interleaved, still decides the answer."""
+    return BenchSettings(budget_s=LOCAL_BUDGET_S, against_default=False)
 
 
 class TuningSettingsError(ValueError):
@@ -95,9 +110,10 @@ class TuningSettings:
     path: Path = Path(DEFAULT_FILE)
     trials: int = DEFAULT_TRIALS
     time_s: float | None = None
-    #: The measurement of each trial: the worker's, on a quarter of its time budget (a run waits
-    #: for its keys; the validation run, three times that budget, settles the answer).
-    bench: BenchSettings = field(default_factory=lambda: BenchSettings(budget_s=LOCAL_BUDGET_S))
+    #: The measurement of each trial (:func:`local_bench_settings`).
+    bench: BenchSettings = field(default_factory=local_bench_settings)
+    #: The search's best configs re-measured in the validation run (:data:`LOCAL_FINALISTS`).
+    finalists: int = LOCAL_FINALISTS
 
     def __post_init__(self) -> None:
         if not 1 <= self.trials <= MAX_TRIALS:
@@ -162,6 +178,7 @@ class TuningSource:
         self._lock = threading.RLock()
         self._tuning = threading.local()
         self._pool = TrialPool()
+        optuna.logging.set_verbosity(optuna.logging.WARNING)  # one line per key says it: as the CLI does
         self._publish()
         self.client.pin()
         self._pool.process.start()  # its imports overlap with the run until the first key
@@ -237,7 +254,12 @@ class TuningSource:
 
     def _options(self) -> TuneOptions:
         settings = self.settings
-        return TuneOptions(trials=settings.trials, max_time_s=settings.time_s, bench=settings.bench)
+        return TuneOptions(
+            trials=settings.trials,
+            max_time_s=settings.time_s,
+            bench=settings.bench,
+            validate_top=settings.finalists,
+        )
 
     def _entry(self, report: TuneReport) -> BestConfigPublic:
         spec = get_kernel(report.kernel)
