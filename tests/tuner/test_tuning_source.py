@@ -54,22 +54,27 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def run_script(tmp_path: Path, **environment: str) -> subprocess.CompletedProcess[str]:
-    """The script in a fresh interpreter with ``environment`` over a clean tiletune environment."""
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
+def run_python(arguments: list[str], folder: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    """``python *arguments`` in ``folder``, with ``environment`` over a clean tiletune environment."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")}
-    env |= {"MARKER": str(tmp_path / "marker"), "PYTHONPATH": str(ROOT), **environment}
-    bundle = str(tmp_path / "tuned.json")
+    env |= {"PYTHONPATH": str(ROOT), **environment}
     return subprocess.run(
-        [sys.executable, str(script), bundle],
+        [sys.executable, *arguments],
         check=False,
         env=env,
-        cwd=tmp_path,
+        cwd=folder,
         capture_output=True,
         text=True,
         timeout=600,
     )
+
+
+def run_script(tmp_path: Path, **environment: str) -> subprocess.CompletedProcess[str]:
+    """The guardless script, given the bundle's path, with ``environment``."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    bundle = str(tmp_path / "tuned.json")
+    return run_python([str(script), bundle], tmp_path, MARKER=str(tmp_path / "marker"), **environment)
 
 
 def tuned_lines(stderr: str) -> list[str]:
@@ -174,17 +179,7 @@ def test_tune_a_model_from_python_tunes_its_steps_keys_and_pins_the_process(tmp_
                           "source": type(source).__name__, "weight_grad": model[0].weight.grad is None}))
         """
     )
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")} | {"PYTHONPATH": str(ROOT)}
-    bundle = tmp_path / "model.json"
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(bundle)],
-        check=False,
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    done = run_python(["-c", script, str(tmp_path / "model.json")], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert "patch it first" in result["refused"]

@@ -9,8 +9,9 @@
   search of :func:`~tiletune.tuner.measure.tune.tune` (the default first, TPE,
   ``TILETUNE_TUNE_TRIALS`` trials, default 16, and at most ``TILETUNE_TUNE_TIME_S`` seconds per
   key when set), each config checked against the reference and measured in an isolated trial
-  process as a worker's are (:class:`~tiletune.tuner.measure.isolation.TrialPool`, started in the
-  background when the source is made), and the judge of the interleaved validation run: torch's
+  process as a worker's are (:class:`~tiletune.tuner.measure.isolation.TrialPool`, started when
+  the source is made), though timed once (:func:`local_bench_settings`), and the judge of the
+  interleaved validation run of its :data:`LOCAL_FINALISTS` best, the rule and torch's op: torch's
   own op wins unless a tiled config beats it. One line on stderr per key (kernel, shape, answer,
   speedup over torch's op, seconds taken).
 - Each tuned key is written to the file at once (atomically, the whole bundle, in the export
