@@ -13,8 +13,16 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from fastapi.testclient import TestClient
 
+from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.client.disk import read_bundle
+from tiletune.kernels.device import get_device
+from tiletune.kernels.registry import kernels_for
+from tiletune.service.app import create_app
+from tiletune.service.migrate import upgrade
+from tiletune.service.settings import Settings
+from tiletune.tuner.measure.registration import registration
 from tiletune.tuner.measure.tuning_source import (
     FILE_ENV,
     TIME_ENV,
@@ -110,6 +118,31 @@ def test_the_switch_tunes_each_key_once_and_a_pinned_run_gets_them_exactly(tmp_p
     assert again.returncode == 0, again.stderr[-3000:]
     assert tuned_lines(again.stderr) == []  # every key was in the file
     assert read_bundle(bundle).configs == written.configs
+    assert_a_server_imports(bundle, tmp_path)
+
+
+def assert_a_server_imports(bundle: Path, folder: Path) -> None:
+    """The file as ``tiletune configs import`` sends it, to the real app on SQLite whose fleet has
+    this machine's chip (a worker of it registered): every entry taken, each key then an exact
+    answer of the server with the entry's config."""
+    written = read_bundle(bundle)
+    url = f"sqlite:///{folder / 'server.db'}"
+    upgrade(url)
+    with TestClient(
+        create_app(Settings(db_url=url, admin_token=ADMIN_SECRET), reaper=False), headers=ADMIN
+    ) as app:
+        device = get_device("auto")
+        worker = registration("w", device.chip, kernels_for(device.kind))
+        assert app.post("/v1/workers", json=worker.model_dump(mode="json")).status_code == 201
+        body, kind = bundle.read_bytes(), {"Content-Type": "application/json"}
+        imported = app.post("/v1/configs/import", content=body, headers=kind)
+        assert imported.status_code == 200, imported.text
+        assert imported.json()["changed"] == len(written.configs)
+        for entry in written.configs:
+            shape = ",".join(f"{k}={v}" for k, v in entry.shape.items())
+            params = {"shape": shape, "chip": entry.chip, "dtype": entry.dtype}
+            answer = app.get(f"/v1/configs/{entry.kernel}", params=params).json()
+            assert (answer["match"], answer["config"]) == ("exact", entry.config)
 
 
 @pytest.mark.parametrize(
@@ -188,3 +221,28 @@ def test_tune_a_model_from_python_tunes_its_steps_keys_and_pins_the_process(tmp_
     assert len(result["matches"]) == 5
     assert result["source"] == "ConfigClient"
     assert result["weight_grad"]  # the training step wrote no gradient
+
+
+def test_a_run_killed_after_its_first_key_keeps_that_key(tmp_path: Path) -> None:
+    """Each key is written when it is tuned: a run killed (SIGKILL, no cleanup) just after its first
+    progress line leaves a sealed bundle holding that key; the next run tunes only the others."""
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    bundle = tmp_path / "tuned.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TILETUNE_")}
+    env |= {"PYTHONPATH": str(ROOT), "MARKER": str(tmp_path / "marker")}
+    env |= {TUNE_ENV: "1", TRIALS_ENV: "2", FILE_ENV: str(bundle)}
+    command = [sys.executable, str(script), str(bundle)]
+    with subprocess.Popen(
+        command, env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    ) as run:
+        assert run.stderr is not None
+        first = next(line for line in run.stderr if line.startswith("tiletune: tuned "))
+        run.kill()
+    kept = read_bundle(bundle)
+    assert kept.checksum == kept.content_checksum()
+    assert [entry.kernel for entry in kept.configs] == [first.split()[2]]
+    rest = run_script(tmp_path, TILETUNE_TUNE="1", TILETUNE_TUNE_TRIALS="2", TILETUNE_TUNE_FILE=str(bundle))
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    assert len(tuned_lines(rest.stderr)) == 1
+    assert len(read_bundle(bundle).configs) == 2
