@@ -8,10 +8,14 @@ the same weights:
   (a) torch eager;                        (b) ``torch.compile`` of (a);
   (c) ``tiletune.nn.patch`` of it with no config source (untuned: torch's op where it has one,
       the native rule where that measured faster: ``docs/operators.md``);
-  (d) the same on configs the service tuned through its demand path;
+  (d) the same on tuned configs;
   (e) ``torch.compile`` of (d).
 
-(d)'s configs: a ``tiletune server`` (a fresh SQLite file, demand from a key's first report) and
+(d)'s configs, ``--tuning switch`` (the default): the patched model runs one inference and one
+training step per sequence length under the one switch's source (``TILETUNE_TUNE=1``,
+:mod:`tiletune.tuner.measure.tuning_source`: each key tuned on this machine, ``--trials`` each),
+and a ``ConfigClient`` pinned to the file it wrote answers (d) and (e). ``--tuning demand``: a
+``tiletune server`` (a fresh SQLite file, demand from a key's first report) and
 a ``ConfigClient`` of it; the patched model runs one inference and one training step per
 sequence length on the client, the client reports the keys it missed, the server queues one
 demand job per key, ``tiletune worker --backend cpu --once`` tunes them (``--trials`` each; each
@@ -21,7 +25,8 @@ config of this chip before the timing.
 Per sequence length: an inference step (a forward under ``torch.no_grad``) and a training step
 (forward, cross-entropy, backward, AdamW) of each variant, timed round-robin in one run
 (``--repeats`` rounds, the order shuffled each round, seeded; compilation excluded): median, p10, p90 ms;
-the ratios (c)/(a), (d)/(a), (c)/(d), (e)/(b); each operator's share of (d)'s step under
+the ratios (c)/(a), (d)/(a), (c)/(d), (e)/(b), each the median over the rounds of the round's
+ratio (the ratios of the medians beside them); each operator's share of (d)'s step under
 ``torch.profiler`` (for a training step, per phase: each operator's forward and backward share);
 the config lookups' share of (d)'s step (calls per step × ns per call); which implementation
 each tuned key chose. The goals (:data:`GOALS`: untuned c ≤ 1.02× a, tuned d ≤ 1.00× a,
@@ -38,9 +43,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -56,9 +63,13 @@ from benchmarks.model.decoder import DecoderShape, build_decoder
 from benchmarks.model.llama import build_llama
 from benchmarks.model.steps import STEPS, Variant, make_variants, measure, on_operators, spread, warm_up
 from tiletune.client import ConfigClient
+from tiletune.kernels.defaults import client_settings
+from tiletune.kernels.launcher import ConfigSource
 from tiletune.kernels.ops import configure
+from tiletune.tuner.measure.tuning_source import TuningSettings, TuningSource
 
-#: The goals: a ratio of medians (or the lookups' share of a step) -> its bound, and whether the
+#: The goals: a ratio (the median over rounds of the two variants' times in a round: :func:`ratios`;
+#: or the lookups' share of a step) -> its bound, and whether the
 #: value must be at most (``le``) or at least (``ge``) that bound; unprefixed on inference steps,
 #: ``training_`` on training steps (forward, backward and optimizer, the backward on tuned kernels).
 #: A name ending ``_at_<seq>`` is judged at that sequence length alone, on the models named in
@@ -108,7 +119,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--vocab", type=int, default=None, help="vocabulary (default 4096; 32000 for --model llama)"
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds per sequence (default 5)")
-    parser.add_argument("--trials", type=int, default=6, help="trials of each demand job (default 6)")
+    parser.add_argument("--trials", type=int, default=6, help="trials of each key's tuning (default 6)")
+    parser.add_argument(
+        "--tuning",
+        choices=("switch", "demand"),
+        default="switch",
+        help="how (d)'s keys are tuned: the one switch on this machine, or the service's demand path",
+    )
     parser.add_argument(
         "--tune-timeout", type=float, default=600.0, help="seconds the worker may tune for (default 600)"
     )
@@ -136,9 +153,10 @@ def tokens_of(args: argparse.Namespace, seq: int) -> torch.Tensor:
     return torch.randint(0, args.vocab, (args.batch, seq), generator=generator)
 
 
-def run_on_client(base: nn.Module, client: ConfigClient, args: argparse.Namespace) -> None:
+def run_on_client(base: nn.Module, client: ConfigSource, args: argparse.Namespace) -> None:
     """One inference and one training step per sequence length of a patched copy of ``base`` on
-    ``client``: the client meets, and counts as misses, every key the timed variants will ask."""
+    ``client``: the client meets (a client counts as misses, a tuning source tunes) every key the
+    timed variants will ask."""
     variant = on_operators(base, "d", "tiletune ops, on the client", client)
     for seq in args.seqs:
         for kind in STEPS:
@@ -172,15 +190,69 @@ def tune_on_demand(
     }
 
 
-def ratios(times: dict[str, dict[str, dict[str, Any]]], kind: str) -> dict[str, float]:
-    """The ratios of medians the goals speak of, for ``kind`` steps."""
-    median = {name: steps[kind]["median_ms"] for name, steps in times.items()}
-    return {
-        "c_over_a": median["c"] / median["a"],
-        "d_over_a": median["d"] / median["a"],
-        "c_over_d": median["c"] / median["d"],
-        "e_over_b": median["e"] / median["b"],
+#: The ratios reported, each (numerator, denominator) variant.
+RATIOS = {"c_over_a": ("c", "a"), "d_over_a": ("d", "a"), "c_over_d": ("c", "d"), "e_over_b": ("e", "b")}
+
+
+def tune_with_switch(
+    base: nn.Module, args: argparse.Namespace, folder: Path
+) -> tuple[ConfigClient, dict[str, Any]]:
+    """The one switch's path (``TILETUNE_TUNE=1``): the patched model's steps under a tuning source
+    (``--trials`` per key), then a client pinned to the file it wrote, and what the tuning did."""
+    path = folder / "tiletune_configs.json"
+    source = TuningSource(TuningSettings(path=path, trials=args.trials))
+    progress(f"tuning each key the steps meet on this machine ({args.trials} trials each)")
+    started = time.perf_counter()
+    try:
+        run_on_client(base, source, args)
+    finally:
+        source.close()
+    tuning_s = time.perf_counter() - started
+    client = ConfigClient(None, source.client.chip, settings=client_settings(cache_dir=None))
+    configs = client.import_bundle(path)
+    client.pin()
+    reports = [done.report for done in source.tuned if done.report is not None]
+    progress(f"{len(reports)} of {len(source.tuned)} keys tuned in {tuning_s:.0f} s")
+    return client, {
+        "path": "switch",
+        "chip": source.client.chip,
+        "trials_per_job": args.trials,
+        "tuning_s": tuning_s,
+        "prefetched_configs": configs,
+        "jobs": len(source.tuned),
+        "failed": [done.line() for done in source.tuned if done.report is None],
+        "kernels": dict(Counter(done.kernel for done in source.tuned)),
+        "chose_vendor": sum(report.implementation == "vendor" for report in reports),
+        "per_job": [
+            {
+                "kernel": report.kernel,
+                "shape": report.shape,
+                "implementation": report.implementation,
+                "completed": report.counts.get("completed", 0),
+                "speedup_vs_default": report.speedup_vs_default,
+                "speedup_vs_vendor": report.speedup_vs_vendor,
+            }
+            for report in reports
+        ],
     }
+
+
+def ratios(samples: dict[str, dict[str, list[float]]], kind: str) -> dict[str, float]:
+    """The ratios the goals speak of, for ``kind`` steps: per ratio, the median over the rounds of
+    the two variants' times in that round (each round times every variant once, so a drift of the
+    machine between rounds cancels in the round's ratio)."""
+    return {
+        name: statistics.median(
+            top / bottom for top, bottom in zip(samples[over][kind], samples[under][kind], strict=True)
+        )
+        for name, (over, under) in RATIOS.items()
+    }
+
+
+def ratios_of_medians(times: dict[str, dict[str, dict[str, Any]]], kind: str) -> dict[str, float]:
+    """The same ratios as ratios of the variants' medians (reported beside, not judged)."""
+    median = {name: steps[kind]["median_ms"] for name, steps in times.items()}
+    return {name: median[over] / median[under] for name, (over, under) in RATIOS.items()}
 
 
 def measure_sequence(
@@ -199,7 +271,8 @@ def measure_sequence(
         "seq": seq,
         "times": times,
         "compile_s": {v.name: v.compile_s for v in variants if v.name in ("b", "e")},
-        "ratios": {kind: ratios(times, kind) for kind in STEPS},
+        "ratios": {kind: ratios(samples, kind) for kind in STEPS},
+        "ratios_of_medians": {kind: ratios_of_medians(times, kind) for kind in STEPS},
         "profile": {kind: operator_shares(on_tuned, kind, tokens) for kind in STEPS},
         "lookups": lookups(on_tuned, times["d"], tokens),
     }
@@ -283,8 +356,12 @@ def main(argv: list[str] | None = None) -> None:
     configure()  # the process's source: the kernels' rules; (d) and (e) run under the client
     shape = DecoderShape(args.layers, args.hidden, args.heads, args.kv_heads, args.mlp, args.vocab)
     base = build_model(args.model, shape)
-    with tempfile.TemporaryDirectory() as folder, demand.tuning_server(Path(folder), args.trials) as server:
-        client, tuning = tune_on_demand(base, server, args, Path(folder))
+    with tempfile.TemporaryDirectory() as folder:
+        if args.tuning == "switch":
+            client, tuning = tune_with_switch(base, args, Path(folder))
+        else:
+            with demand.tuning_server(Path(folder), args.trials) as server:
+                client, tuning = tune_on_demand(base, server, args, Path(folder))
         try:
             sequences = [measure_sequence(base, client, args, seq) for seq in args.seqs]
         finally:

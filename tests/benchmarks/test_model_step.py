@@ -13,7 +13,7 @@ import tiletune.nn
 from benchmarks.model.costs import lookup_cost, operator_shares
 from benchmarks.model.decoder import DecoderShape, build_decoder, next_token_loss
 from benchmarks.model.steps import STEPS, Variant, measure, on_operators, spread
-from benchmarks.model_step import goals
+from benchmarks.model_step import goals, ratios, ratios_of_medians
 from tiletune.client import ConfigClient
 from tiletune.kernels.defaults import client_settings
 
@@ -166,3 +166,14 @@ def test_a_training_profile_names_each_operators_forward_and_backward() -> None:
     assert "fused_attention_backward" not in phases["forward"]
     assert phases["optimizer"] == {}
     assert 0 < sum(phases["backward"].values()) < 1
+
+
+def test_the_judged_ratio_is_the_median_of_each_rounds_ratio() -> None:
+    """Per ratio, each round's two times are divided first: a round that ran slow for every variant
+    cancels, where a ratio of the medians mixes rounds."""
+    rounds = {"a": [10.0, 20.0, 30.0], "c": [12.0, 26.0, 27.0]}
+    samples = {name: {kind: rounds.get(name, rounds["a"]) for kind in STEPS} for name in "abcde"}
+    assert ratios(samples, "inference")["c_over_a"] == pytest.approx(1.2)  # rounds: 1.2, 1.3, 0.9
+    assert ratios(samples, "training")["e_over_b"] == pytest.approx(1.0)
+    times = {name: {kind: spread(samples[name][kind]) for kind in STEPS} for name in samples}
+    assert ratios_of_medians(times, "inference")["c_over_a"] == pytest.approx(1.3)  # 26 / 20
