@@ -112,9 +112,19 @@ def _matmul_setup(ctx: Any, inputs: tuple[Tensor, Tensor], output: Tensor) -> No
 
 def _matmul_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
     """``da = g @ b^T`` and ``db = a^T @ g``, each by this operator (its own tuned key), the transposes
-    read in place (their keys say so: ``b_transposed``, ``a_transposed``)."""
+    read in place (their keys say so: ``b_transposed``, ``a_transposed``). Each gradient is made in
+    its input's layout: for an input that is a transposed view (a ``Linear``'s ``weight.t()``) the
+    transposed product, ``db = (g^T @ a)^T``, as eager's ``linear`` makes a weight's gradient, so
+    autograd need not copy it into the weight's layout."""
     a, b = ctx.saved_tensors
-    return matmul(grad, b.t()), matmul(a.t(), grad)
+    da = matmul(b, grad.t()).t() if _transposed(a) else matmul(grad, b.t())
+    db = matmul(grad.t(), a).t() if _transposed(b) else matmul(a.t(), grad)
+    return da, db
+
+
+def _transposed(matrix: Tensor) -> bool:
+    """Whether ``matrix`` is the transposed view of a contiguous matrix (``weight.t()``)."""
+    return not matrix.is_contiguous() and matrix.t().is_contiguous()
 
 
 matmul.register_autograd(_matmul_backward, setup_context=_matmul_setup)

@@ -169,3 +169,22 @@ def test_rms_norm_with_a_weight_of_another_dtype_runs_torchs() -> None:
     torch.testing.assert_close(
         functional.rms_norm(x, weight, 1e-5), torch_functional.rms_norm(x, (16,), weight, 1e-5)
     )
+
+
+def test_a_linear_weights_gradient_comes_in_the_weights_layout_with_no_copy() -> None:
+    """``linear`` multiplies by ``weight.t()``: its backward makes the weight's gradient in the
+    weight's own (contiguous) layout, as eager's ``linear`` does, so autograd copies nothing into
+    ``.grad`` (the profile of the backward holds no ``aten::copy_``), and its values are torch's."""
+    x = torch.randn(64, 32, requires_grad=True)
+    weight = torch.randn(48, 32, requires_grad=True)
+    output = functional.linear(x, weight)
+    upstream = torch.randn_like(output)  # as the next layer hands it back: contiguous
+    with profile() as backward:
+        output.backward(upstream)
+    assert weight.grad is not None
+    assert weight.grad.is_contiguous()
+    assert "aten::copy_" not in {event.key for event in backward.key_averages()}
+    x_torch, weight_torch = x.detach().requires_grad_(), weight.detach().requires_grad_()
+    torch_functional.linear(x_torch, weight_torch).backward(upstream)
+    torch.testing.assert_close(weight.grad, weight_torch.grad)
+    torch.testing.assert_close(x.grad, x_torch.grad)
