@@ -86,12 +86,12 @@ def configure(
     once (configs, ETag or checksum); no lookup asks the server afterwards, and keys the snapshot
     lacks are still reported as misses.
 
-    ``tune`` (default ``$TILETUNE_TUNE``) tunes each key the run meets here, with no server, into
-    ``$TILETUNE_TUNE_FILE`` (default ``tiletune_configs.json``), answering the keys the file holds
-    from it (:mod:`tiletune.tuner.measure.tuning_source`). A bad ``TILETUNE_TUNE*`` value raises
-    ``ValueError`` naming the variable.
+    ``tune`` (default ``$TILETUNE_TUNE``, unless ``url`` or ``pin`` is given) tunes each key the run
+    meets here, with no server, into ``$TILETUNE_TUNE_FILE`` (default ``tiletune_configs.json``),
+    answering the keys the file holds from it (:mod:`tiletune.tuner.measure.tuning_source`). A bad
+    ``TILETUNE_TUNE*`` value raises ``ValueError`` naming the variable.
     """
-    if source is None and _tuning_asked(tune):
+    if source is None and _tuning_asked(tune, explicit=url is not None or pin is not None):
         source = _tuning_source()
     elif source is None:
         url = url or os.environ.get(URL_ENV) or None
@@ -105,11 +105,12 @@ def configure(
     return source
 
 
-def _tuning_asked(tune: bool | None) -> bool:
-    """Whether the one switch is on: ``tune`` when given, else ``$TILETUNE_TUNE``."""
+def _tuning_asked(tune: bool | None, *, explicit: bool) -> bool:
+    """Whether the one switch is on: ``tune`` when given; else ``$TILETUNE_TUNE``, unless the caller
+    named a URL or a pin (``explicit``: an argument beats the environment)."""
     if tune is not None:
         return tune
-    if not os.environ.get(TUNE_ENV):
+    if explicit or not os.environ.get(TUNE_ENV):
         return False  # unset: nothing imported
     from tiletune.tuner.measure.tuning_source import switch_is_on
 

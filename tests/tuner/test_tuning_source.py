@@ -212,7 +212,8 @@ def test_tune_a_model_from_python_tunes_its_steps_keys_and_pins_the_process(tmp_
                           "source": type(source).__name__, "weight_grad": model[0].weight.grad is None}))
         """
     )
-    done = run_python(["-c", script, str(tmp_path / "model.json")], tmp_path)
+    # the switch on too: tiletune.tune's pin (an argument) beats it, so the process is pinned
+    done = run_python(["-c", script, str(tmp_path / "model.json")], tmp_path, TILETUNE_TUNE="1")
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout)
     assert "patch it first" in result["refused"]
