@@ -39,15 +39,13 @@ import torch
 import tiletune
 from benchmarks.model.decoder import DecoderShape, build_decoder
 from benchmarks.model.llama import build_llama
-from tiletune.kernels.ops.source import using_source
 from tiletune.tuner.measure.bench import BenchSettings
-from tiletune.tuner.measure.model_tuning import run_steps
+from tiletune.tuner.measure.model_tuning import tune_steps
 from tiletune.tuner.measure.tuning_source import (
     LOCAL_BUDGET_S,
     LOCAL_FINALISTS,
     KeyTuned,
     TuningSettings,
-    TuningSource,
 )
 
 #: The goal's bound on the whole tuning, seconds.
@@ -103,27 +101,10 @@ def tuning_settings(args: argparse.Namespace, path: Path) -> TuningSettings:
     return TuningSettings(path=path, trials=args.trials, bench=worker, finalists=args.finalists)
 
 
-def tune_steps(model: torch.nn.Module, tokens: torch.Tensor, settings: TuningSettings) -> list[KeyTuned]:
-    """What ``tiletune.tune(model, tokens)`` does (:mod:`tiletune.tuner.measure.model_tuning`), on
-    ``settings``: the steps under a tuning source; the keys tuned, in order."""
-    source = TuningSource(settings)
-    try:
-        with using_source(source):
-            run_steps(model, (tokens,))
-    finally:
-        source.close()
-    return source.tuned
-
-
 def second_run(model: torch.nn.Module, tokens: torch.Tensor, settings: TuningSettings) -> dict[str, Any]:
     """The steps again under a fresh source over the same file: keys met, tuned, answered exactly."""
-    source = TuningSource(settings)
     started = time.monotonic()
-    try:
-        with using_source(source):
-            run_steps(model, (tokens,))
-    finally:
-        source.close()
+    source = tune_steps(model, (tokens,), settings)
     matches = [source.client.get(kernel, dict(shape), dtype).match for kernel, dtype, shape in source.met]
     return {
         "seconds": time.monotonic() - started,
@@ -160,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as folder:
         settings = tuning_settings(args, Path(folder) / "tiletune_configs.json")
         started = time.monotonic()
-        tuned = tune_steps(model, tokens, settings)
+        tuned = tune_steps(model, (tokens,), settings).tuned
         total_s = time.monotonic() - started
         keys = [key_record(done) for done in tuned]
         again = second_run(model, tokens, settings)

@@ -11,6 +11,7 @@ first met (keys the file already holds are not). Then the process is pinned to t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -36,23 +37,32 @@ def tune(
     for a bad setting.
     """
     settings = TuningSettings.from_env()
-    settings = TuningSettings(
+    settings = replace(
+        settings,
         path=Path(path) if path is not None else settings.path,
         trials=trials if trials is not None else settings.trials,
         time_s=time_s if time_s is not None else settings.time_s,
     )
+    source = tune_steps(model, example_inputs, settings)
+    if not source.met:
+        raise ValueError("the model's steps ran no tiletune operator: patch it first (tiletune.patch(model))")
+    if settings.path.exists():  # no key tuned and no file: the process's source stays as it was
+        configure(pin=str(settings.path), tune=False)
+    return source.tuned
+
+
+def tune_steps(
+    model: torch.nn.Module, example_inputs: tuple[object, ...], settings: TuningSettings
+) -> TuningSource:
+    """:func:`run_steps` under a :class:`TuningSource` of ``settings``; the source, closed, with the
+    keys it met and what it tuned (a second call over the same file tunes none it holds)."""
     source = TuningSource(settings)
     try:
         with using_source(source):
             run_steps(model, example_inputs)
     finally:
         source.close()
-    if not source.met:
-        raise ValueError(
-            "no tiletune operator ran in the model's steps: patch it first (tiletune.patch(model))"
-        )
-    configure(pin=str(settings.path)) if settings.path.exists() else configure()  # nothing tuned: untuned
-    return source.tuned
+    return source
 
 
 def run_steps(model: torch.nn.Module, example_inputs: tuple[object, ...]) -> None:

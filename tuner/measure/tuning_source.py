@@ -46,7 +46,7 @@ from tiletune.kernels.declaration import Shape
 from tiletune.kernels.defaults import client_settings
 from tiletune.kernels.device import Device, get_device
 from tiletune.kernels.info import kernel_info
-from tiletune.kernels.native.spec import preferred_backend
+from tiletune.kernels.ops.dispatch import implementation
 from tiletune.kernels.registry import get_kernel
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.isolation import TrialPool
@@ -238,7 +238,7 @@ class TuningSource:
         try:
             spec = get_kernel(kernel)
             parsed: Shape = spec.parse_shape(dict(shape))
-            backend = preferred_backend(spec, self.device.kind)  # what the operators run it with
+            _, backend = implementation(kernel, self.device.kind)  # what the operators run it with
             options = self._options()
             report = tune(spec, parsed, dtype, self.device, options, backend=backend, isolation=self._pool)
             done = KeyTuned(kernel, spec.canonical_shape(parsed), dtype, time.monotonic() - started, report)
