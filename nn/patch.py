@@ -32,10 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 import torch
-import torch.nn.functional as torch_functional
-from torch.overrides import TorchFunctionMode
 
-from tiletune.nn import functional, hf_rms_norm
+from tiletune.nn import hf_rms_norm
+from tiletune.nn.functional import AttentionMode
 from tiletune.nn.layers import Linear, RMSNorm
 
 log = logging.getLogger(__name__)
@@ -73,19 +72,6 @@ class PatchSummary:
             left = ", ".join(f"{count} {kind} ({why})" for (kind, why), count in self.left.items())
             parts.append(f"left {left}")
         return "tiletune.patch: " + "; ".join(parts)
-
-
-class AttentionMode(TorchFunctionMode):
-    """Sends ``F.scaled_dot_product_attention`` to tiletune's; every other function runs as ever."""
-
-    def __torch_function__(
-        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> Any:
-        """Dispatch ``func``: the attention to tiletune's, the rest unchanged."""
-        kwargs = kwargs or {}
-        if func is torch_functional.scaled_dot_product_attention:
-            return functional.scaled_dot_product_attention(*args, **kwargs)
-        return func(*args, **kwargs)
 
 
 def _rms_norm_left(module: torch.nn.RMSNorm) -> str | None:

@@ -117,9 +117,19 @@ def _matmul_backward(ctx: Any, grad: Tensor) -> tuple[Tensor, Tensor]:
     transposed product, ``db = (g^T @ a)^T``, as eager's ``linear`` makes a weight's gradient, so
     autograd need not copy it into the weight's layout."""
     a, b = ctx.saved_tensors
-    da = matmul(b, grad.t()).t() if _transposed(a) else matmul(grad, b.t())
-    db = matmul(grad.t(), a).t() if _transposed(b) else matmul(a.t(), grad)
+    da, db = (
+        matmul(x, y).t() if flipped else matmul(x, y) for x, y, flipped in gradient_products(a, b, grad)
+    )
     return da, db
+
+
+def gradient_products(a: Tensor, b: Tensor, grad: Tensor) -> tuple[tuple[Tensor, Tensor, bool], ...]:
+    """The two ``matmul`` calls of ``a @ b``'s backward, ``da``'s then ``db``'s: each call's operands,
+    and whether its product is the gradient's transpose (see :func:`_matmul_backward`)."""
+    return (
+        (b, grad.t(), True) if _transposed(a) else (grad, b.t(), False),
+        (grad.t(), a, True) if _transposed(b) else (a.t(), grad, False),
+    )
 
 
 def _transposed(matrix: Tensor) -> bool:

@@ -47,6 +47,7 @@ def patched_pair() -> tuple[Block, Block]:
     return tiletune.nn.patch(model), reference
 
 
+@pytest.mark.usefixtures("tiled_answers")
 def test_patch_swaps_the_layers_and_keeps_parameters_and_results() -> None:
     model, reference = patched_pair()
     assert type(model.norm) is RMSNorm
@@ -93,6 +94,7 @@ def test_a_patched_model_runs_and_trains_under_autocast() -> None:
         assert parameter.grad.dtype == parameter.dtype, name
 
 
+@pytest.mark.usefixtures("tiled_answers")
 def test_a_patched_model_pickles_whole_and_loads_patched() -> None:
     """``torch.save(model)`` of a patched model: it loads with tiletune's layers and forward."""
     model, reference = patched_pair()

@@ -78,6 +78,7 @@ def test_register_names_the_attention_and_its_masks_once_and_again() -> None:
     assert "tiletune" in ALL_MASK_ATTENTION_FUNCTIONS
 
 
+@pytest.mark.usefixtures("tiled_answers")
 def test_a_llama_runs_on_the_operators_with_torchs_logits() -> None:
     model = tiletune_llama()
     norm = model.get_submodule("model.norm")
@@ -113,6 +114,7 @@ def test_a_padding_mask_runs_the_operator_with_torchs_logits() -> None:
 NEW_TOKENS = 6
 
 
+@pytest.mark.usefixtures("tiled_answers")
 def test_greedy_generation_decodes_on_the_operator_as_sdpa_does() -> None:
     model, reference = tiletune_llama(), llama("sdpa")
     ids = token_ids(batch=1, seq=8)
@@ -133,6 +135,7 @@ def test_greedy_generation_decodes_on_the_operator_as_sdpa_does() -> None:
     not hasattr(transformers.PreTrainedModel, "set_attn_implementation"),
     reason="set_attn_implementation is newer than this transformers",
 )
+@pytest.mark.usefixtures("tiled_answers")
 def test_set_attn_implementation_moves_a_built_model_to_the_operator() -> None:
     tiletune_transformers.register()
     model, reference = llama("sdpa"), llama("sdpa")
