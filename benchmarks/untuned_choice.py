@@ -15,6 +15,13 @@ tensors so small that the op takes a few microseconds, against torch's op, inter
 (``--rounds`` rounds of ``--calls`` calls each, under ``torch.no_grad``): ``torch.library``'s
 dispatch, reading the call's shape, the config's selection. Medians of the rounds' µs per call.
 
+Then the same cost where a model pays it (``cold``): each timed call right after a large
+``torch.matmul`` (the decoder's MLP projection at 1,024 tokens, not timed), which leaves the
+interpreter's code and data out of the caches: the ``matmul`` operator on the decoder's q
+projection against ``torch.matmul`` (what an untuned call paid before an answer of torch's op ran
+torch's function itself), and ``tiletune.nn.functional.linear`` against ``F.linear`` (what it pays
+now: :mod:`tiletune.kernels.ops.torch_path`). Medians of ``--cold-samples`` interleaved pairs.
+
 Prints one JSON document (``"benchmark": "untuned_choice"``); progress on stderr. Run from the
 repository root: ``.venv/bin/python benchmarks/untuned_choice.py``.
 """
@@ -34,6 +41,7 @@ if __package__ in (None, ""):  # `python benchmarks/untuned_choice.py`: the repo
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
+from torch.nn import functional
 
 from tiletune.kernels.declaration import Shape
 from tiletune.kernels.device import get_device
@@ -41,6 +49,7 @@ from tiletune.kernels.native.spec import preferred_backend
 from tiletune.kernels.ops import configure
 from tiletune.kernels.registry import get_kernel
 from tiletune.kernels.vendor import untuned_runs_vendor
+from tiletune.nn import functional as tiletune_functional
 from tiletune.tuner.measure.bench import BenchSettings, KernelBench
 from tiletune.tuner.measure.vendor_compare import compare_with_vendor
 
@@ -136,6 +145,42 @@ def overhead(ours: Call, theirs: Call, rounds: int, calls: int) -> dict[str, flo
     return {**medians, "added_us": medians["tiletune_us"] - medians["torch_us"]}
 
 
+def cold_pairs() -> dict[str, tuple[Call, Call]]:
+    """The untuned operator and ``tiletune.nn.functional.linear`` against torch's, at the decoder's
+    q projection (1,024 tokens)."""
+    generator = torch.Generator().manual_seed(1)
+    x = torch.randn(1, 1024, HIDDEN, generator=generator)
+    weight = torch.randn(HEADS * HEAD_DIM, HIDDEN, generator=generator)
+    rows, transposed = x.reshape(-1, HIDDEN), weight.t()
+    return {
+        "matmul_operator": (
+            lambda: torch.ops.tiletune.matmul(rows, transposed),
+            lambda: torch.matmul(rows, transposed),
+        ),
+        "linear_function": (
+            lambda: tiletune_functional.linear(x, weight),
+            lambda: functional.linear(x, weight),
+        ),
+    }
+
+
+def cold_overhead(ours: Call, theirs: Call, samples: int) -> dict[str, float]:
+    """Each call timed once right after a large matmul (not timed), the two alternating: medians of
+    µs per call, and the difference."""
+    generator = torch.Generator().manual_seed(2)
+    a, b = torch.randn(1024, HIDDEN, generator=generator), torch.randn(HIDDEN, MLP, generator=generator)
+    times: dict[str, list[float]] = {"tiletune_us": [], "torch_us": []}
+    for index in range(samples + 2):  # the first two warm up
+        for name, call in (("tiletune_us", ours), ("torch_us", theirs))[:: 1 if index % 2 else -1]:
+            torch.matmul(a, b)
+            started = time.perf_counter()
+            call()
+            if index >= 2:
+                times[name].append((time.perf_counter() - started) * 1e6)
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    return {**medians, "added_us": medians["tiletune_us"] - medians["torch_us"]}
+
+
 def _rule_faster(measured: list[dict[str, Any]], kernel: str) -> bool:
     """Whether ``kernel``'s rule was faster than torch's op at every key of it measured."""
     ratios = [k["rule_over_vendor"] for k in measured if k["kernel"] == kernel]
@@ -150,6 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--budget-s", type=float, default=0.4, help="seconds per candidate (default 0.4)")
     parser.add_argument("--rounds", type=int, default=21, help="overhead: interleaved rounds (default 21)")
     parser.add_argument("--calls", type=int, default=500, help="overhead: calls per round (default 500)")
+    parser.add_argument("--cold-samples", type=int, default=300, help="cold: pairs timed (default 300)")
     args = parser.parse_args(argv)
     configure()  # no source: every operator call is untuned
     settings = BenchSettings(budget_s=args.budget_s)
@@ -162,6 +208,8 @@ def main(argv: list[str] | None = None) -> None:
     print("untuned_choice: the operators' per-call cost", file=sys.stderr, flush=True)
     with torch.no_grad():
         costs = {name: overhead(*pair, args.rounds, args.calls) for name, pair in overhead_pairs().items()}
+        print("untuned_choice: the per-call cost after a large matmul", file=sys.stderr, flush=True)
+        cold = {name: cold_overhead(*pair, args.cold_samples) for name, pair in cold_pairs().items()}
     document = {
         "benchmark": "untuned_choice",
         "chip": get_device("cpu").chip.name,
@@ -170,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "keys": measured,
         "rule_faster_at_every_key": [kernel for kernel in kernels if _rule_faster(measured, kernel)],
         "overhead": {"rounds": args.rounds, "calls": args.calls, "operators": costs},
+        "cold": {"samples": args.cold_samples, "calls": cold},
     }
     json.dump(document, sys.stdout, indent=2)
     print()

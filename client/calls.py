@@ -37,6 +37,7 @@ import httpx
 from pydantic import BaseModel, TypeAdapter
 
 from tiletune.client.wire import (
+    IDEMPOTENCY_KEY_HEADER,
     LEASE_TOKEN_HEADER,
     REQUEST_ID_HEADER,
     AskPublic,
@@ -236,8 +237,9 @@ def nothing(_response: httpx.Response) -> None:
 
 
 def submit(sweep: SweepCreate) -> Call[SweepPublic]:
-    """``POST /v1/sweeps``."""
-    return Call("POST", "/v1/sweeps", document(SweepPublic), body=sweep)
+    """``POST /v1/sweeps`` with a fresh idempotency key, which every retry of this call repeats."""
+    headers = {IDEMPOTENCY_KEY_HEADER: uuid.uuid4().hex}
+    return Call("POST", "/v1/sweeps", document(SweepPublic), body=sweep, headers=headers)
 
 
 def sweep(sweep_id: int) -> Call[SweepPublic]:

@@ -182,6 +182,10 @@ LEASE_TOKEN_HEADER = "X-Lease-Token"
 #: (or the one it made) and writes it in every log line of the request.
 REQUEST_ID_HEADER = "X-Request-ID"
 
+#: The header of a sweep submission's idempotency key: the client sends one per submission, the
+#: same on each retry, so a retried ``POST /v1/sweeps`` answers the first sweep (no second one).
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+
 #: Most configs one ``ask`` hands out (``?n=``).
 MAX_ASK = 64
 #: Configs a worker asks per ``ask`` unless told otherwise (batched, and pipelined: see the worker).
@@ -396,7 +400,8 @@ class JobPublic(_Response):
 
     ``chip`` is the chip the job is bound to, or its target until its first lease (``*``: any);
     ``backend`` the implementation it runs, or ``*`` (:data:`ANY_BACKEND`) until its first lease
-    chooses one.
+    chooses one. A key has one live job at most: a sweep's job for a key another live job tunes
+    is born ``skipped`` with ``tuned_by`` naming that job.
     """
 
     id: int
@@ -418,6 +423,8 @@ class JobPublic(_Response):
     progress: JobProgress
     created_at: datetime
     updated_at: datetime
+    #: For a job born ``skipped`` because a live job of its key tunes it: that job's id.
+    tuned_by: int | None = None
 
 
 class _SweepHead(_Response):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query
 
 from tiletune.client.wire import (
+    IDEMPOTENCY_KEY_HEADER,
     JOB_STATES,
     MAX_DB_INT,
     SWEEPS_PAGE_DEFAULT,
@@ -44,14 +45,31 @@ SweepsLimit = Annotated[int, Query(ge=1, le=SWEEPS_PAGE_MAX)]
 Before = Annotated[int | None, Query(ge=1, le=MAX_DB_INT)]
 
 
+#: An ``Idempotency-Key``: 1 to 200 printable ASCII characters, no spaces.
+IdempotencyKey = Annotated[
+    str | None, Header(alias=IDEMPOTENCY_KEY_HEADER, min_length=1, max_length=200, pattern=r"^[!-~]+$")
+]
+
+
 @router.post("/sweeps", status_code=201)
 def submit_sweep(
-    sweep: SweepCreate, db: DatabaseDep, settings: SettingsDep, caller: SubmitterDep
+    sweep: SweepCreate,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    caller: SubmitterDep,
+    idempotency_key: IdempotencyKey = None,
 ) -> SweepPublic:
-    """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned are ``skipped``."""
+    """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned, or tuned by another
+    live job (one live job per key: ``tuned_by`` names it), are ``skipped``.
+
+    ``Idempotency-Key`` (optional): the same key from the same token with the same request answers
+    the first sweep, as it is now, and writes nothing (a retry after a lost response makes no
+    second sweep); the same key with another request is a 409."""
     planned = jobs.plan_sweep(sweep, settings.max_jobs_per_sweep, settings.max_shape_bytes)
     with db.write() as session:
-        created = jobs.create_sweep(session, sweep, planned, db.clock(), caller.token_id)
+        created = jobs.create_sweep(
+            session, sweep, planned, db.clock(), caller.token_id, idempotency_key=idempotency_key
+        )
     jobs_by_state = ", ".join(f"{count} {state}" for state, count in created.counts.items())
     log.info("sweep %d submitted by token %s: %s", created.id, caller.token_id, jobs_by_state or "no jobs")
     return created

@@ -7,7 +7,9 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
   keys, one per (kernel, shape, dtype, chip target), shapes de-duplicated;
 - :func:`create_sweep` writes the sweep and one job per key, born as the lifecycle says:
   ``skipped`` when the key is already tuned on that chip with the same kernel version and
-  the chip's newest software (unless ``force``), else ``queued``.
+  the chip's newest software (unless ``force``) or another live job tunes it (one live job per
+  key, held by the database's partial unique index ``uq_jobs_live_key``), else ``queued``; with an
+  idempotency key, a repeated request answers its first sweep.
 
 A sweep's ``backend`` must be one its kernels declare (their ``implementations``: what they have
 on any machine, never what the server's own machine builds); its jobs keep it.
@@ -18,20 +20,23 @@ backend is the lease's business.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, defer
 
-from tiletune.client.wire import ANY_CHIP, JobState, Role, SweepCreate, SweepPublic
+from tiletune.client.wire import ANY_CHIP, LIVE_JOB_STATES, JobState, Role, SweepCreate, SweepPublic
 from tiletune.kernels import KernelDeclaration, Shape
 from tiletune.kernels.declaration import format_bytes
 from tiletune.service import lifecycle
 from tiletune.service.auth import Identity
 from tiletune.service.configs import JobKey, tuned_on_newest_software
-from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
+from tiletune.service.errors import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import JobRow, SweepRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
@@ -146,27 +151,100 @@ def create_sweep(
     planned: Sequence[PlannedJob],
     now: datetime,
     owner_token_id: int | None = None,
+    *,
+    idempotency_key: str | None = None,
 ) -> SweepPublic:
-    """Write the sweep (of token ``owner_token_id``) and its jobs; the sweep as the API shows it."""
-    kernels = list(dict.fromkeys(job.spec.name for job in planned))
+    """Write the sweep (of token ``owner_token_id``) and its jobs; the sweep as the API shows it.
+
+    A key another live job tunes gets a job born ``skipped`` (``tuned_by`` that job), also when a
+    concurrent sweep's job for it commits first (the database's ``uq_jobs_live_key`` refuses the
+    second live job; the refused insert is rolled back alone, to a savepoint). With an
+    ``idempotency_key``, the token's earlier sweep of that key is the answer (nothing written),
+    and :class:`ConflictError` when it was made from another request."""
+    scoped = (
+        None
+        if idempotency_key is None
+        else f"{'-' if owner_token_id is None else owner_token_id}:{idempotency_key}"
+    )
+    digest = None if scoped is None else request_digest(request)
+    sweep = None if scoped is None else _sweep_of_key(session, scoped, digest)
+    if sweep is not None:
+        return sweep_public(session, sweep)
     sweep = SweepRow(
         name=request.name,
-        kernels=kernels,
+        kernels=list(dict.fromkeys(job.spec.name for job in planned)),
         request=request.model_dump(mode="json"),
         owner_token_id=owner_token_id,
+        idempotency_key=scoped,
+        request_digest=digest,
         created_at=now,
     )
-    session.add(sweep)
-    session.flush()
+    try:
+        with session.begin_nested():
+            session.add(sweep)
+    except IntegrityError:  # a concurrent request of the same key committed its sweep first
+        assert scoped is not None
+        earlier = _sweep_of_key(session, scoped, digest)
+        assert earlier is not None
+        return sweep_public(session, earlier)
     for job in planned:
-        session.add(_new_job(session, sweep.id, job, request, now))
+        _add_job(session, sweep.id, job, request, now)
     session.flush()
     return sweep_public(session, sweep)
+
+
+def request_digest(request: SweepCreate) -> str:
+    """SHA-256 of ``request`` as canonical JSON (keys sorted): equal for equal requests."""
+    canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _sweep_of_key(session: Session, scoped_key: str, digest: str | None) -> SweepRow | None:
+    """The sweep submitted under ``scoped_key``, or None; :class:`ConflictError` when its request's
+    digest is not ``digest``."""
+    sweep = session.scalar(select(SweepRow).where(SweepRow.idempotency_key == scoped_key))
+    if sweep is not None and sweep.request_digest != digest:
+        raise ConflictError(
+            f"Idempotency-Key {scoped_key.partition(':')[2]!r} was used for another sweep request "
+            f"(sweep {sweep.id}); send a new key for a new request",
+            "Idempotency-Key",
+        )
+    return sweep
+
+
+def _add_job(
+    session: Session, sweep_id: int, planned: PlannedJob, request: SweepCreate, now: datetime
+) -> None:
+    """Add the sweep's job for ``planned``: see :func:`create_sweep`."""
+    job = _new_job(session, sweep_id, planned, request, now)
+    try:
+        with session.begin_nested():
+            session.add(job)
+    except IntegrityError:  # a concurrent sweep's live job for this key committed first
+        job = _new_job(session, sweep_id, planned, request, now)
+        if job.tuned_by_job_id is None:
+            raise
+        session.add(job)
+
+
+def _live_job_of(session: Session, job: JobRow) -> int | None:
+    """The id of the live job of ``job``'s key (kernel, version, shape, dtype, chip target), or None."""
+    return session.scalar(
+        select(JobRow.id).where(
+            JobRow.kernel == job.kernel,
+            JobRow.kernel_version == job.kernel_version,
+            JobRow.shape_key == job.shape_key,
+            JobRow.dtype == job.dtype,
+            JobRow.chip_target == job.chip_target,
+            JobRow.state.in_(LIVE_JOB_STATES),
+        )
+    )
 
 
 def _new_job(
     session: Session, sweep_id: int, planned: PlannedJob, request: SweepCreate, now: datetime
 ) -> JobRow:
+    """The job of ``planned``, born as :func:`create_sweep` says."""
     spec = planned.spec
     chip = chip_by_name(session, planned.chip_target) if planned.chip_target != ANY_CHIP else None
     shape_key = spec.canonical_shape(planned.shape)
@@ -177,8 +255,7 @@ def _new_job(
             session, JobKey(spec.name, spec.version, shape_key, planned.dtype, chip.id)
         )
     )
-    state = lifecycle.born(already_tuned=tuned)
-    return JobRow(
+    job = JobRow(
         sweep_id=sweep_id,
         kernel=spec.name,
         kernel_version=spec.version,
@@ -196,14 +273,16 @@ def _new_job(
         workers_per_job=request.workers_per_job,
         validate_top=request.validate_top,
         force=request.force,
-        state=state,
         active_leases=0,
         lease_failures=0,
         failure_reasons=[],
         created_at=now,
         updated_at=now,
-        finished_at=now if lifecycle.is_final(state) else None,
     )
+    job.tuned_by_job_id = _live_job_of(session, job)
+    job.state = lifecycle.born(already_tuned=tuned or job.tuned_by_job_id is not None)
+    job.finished_at = now if lifecycle.is_final(job.state) else None
+    return job
 
 
 def job_row(session: Session, job_id: int) -> JobRow:

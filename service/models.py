@@ -41,8 +41,11 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from tiletune.client.wire import LIVE_JOB_STATES
 
 #: Constraint names are fixed so migrations (and SQLite's batch mode) can refer to them.
 NAMING_CONVENTION = {
@@ -54,6 +57,11 @@ NAMING_CONVENTION = {
 }
 
 JsonDict = dict[str, Any]
+
+#: The partial unique index that holds one live job per key (``jobs``).
+LIVE_KEY_INDEX = "uq_jobs_live_key"
+#: The SQL of "the job is live" (:data:`~tiletune.client.wire.LIVE_JOB_STATES`).
+LIVE_STATE_SQL = "state IN ({})".format(", ".join(f"'{state.value}'" for state in LIVE_JOB_STATES))
 
 
 class Base(DeclarativeBase):
@@ -168,6 +176,12 @@ class SweepRow(Base):
     request: Mapped[JsonDict]
     #: The token (``tokens.id``) that submitted it: a submitter may cancel only its own sweeps.
     owner_token_id: Mapped[int | None]
+    #: The ``Idempotency-Key`` it was submitted with, scoped by its token (``<token id>:<key>``;
+    #: ``-:<key>`` without one); unique where set: the same scoped key answers this sweep again.
+    idempotency_key: Mapped[str | None] = mapped_column(String(300), index=True, unique=True)
+    #: SHA-256 of its request (canonical JSON) where it has an idempotency key: another request
+    #: under the same key is refused.
+    request_digest: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime]
 
 
@@ -182,7 +196,21 @@ class JobRow(Base):
     """
 
     __tablename__ = "jobs"
-    __table_args__ = (Index(None, "state", "chip_target"),)
+    __table_args__ = (
+        Index(None, "state", "chip_target"),
+        # One live job per key, enforced by the database whatever the concurrency.
+        Index(
+            LIVE_KEY_INDEX,
+            "kernel",
+            "kernel_version",
+            "shape_key",
+            "dtype",
+            "chip_target",
+            unique=True,
+            sqlite_where=text(LIVE_STATE_SQL),
+            postgresql_where=text(LIVE_STATE_SQL),
+        ),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     sweep_id: Mapped[int] = mapped_column(ForeignKey("sweeps.id"), index=True)
@@ -210,6 +238,8 @@ class JobRow(Base):
     #: in-memory search of the job is current exactly when it was built at this number.
     search_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     failure_reasons: Mapped[list[str]]
+    #: A job born ``skipped`` because a live job of its key tunes it: that job's id.
+    tuned_by_job_id: Mapped[int | None] = mapped_column(Integer)
     default_config: Mapped[JsonDict | None]
     completed: Mapped[int] = mapped_column(Integer, default=0)
     invalid: Mapped[int] = mapped_column(Integer, default=0)

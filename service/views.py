@@ -70,6 +70,7 @@ def job_public(session: Session, job: JobRow) -> JobPublic:
         ),
         created_at=aware(job.created_at),
         updated_at=aware(job.updated_at),
+        tuned_by=job.tuned_by_job_id,
     )
 
 

@@ -194,7 +194,8 @@ def _plot_families(axis: Axes, families: dict[str, Any]) -> None:
 
 def plot_untuned_choice(document: dict[str, Any]) -> Figure:
     """Per key, the rule's time over torch's op's (and what an untuned call runs); beside it, what an
-    untuned operator call adds to torch's op per call."""
+    untuned call adds to torch's per call: the operators on tiny tensors, and (red) at a model's
+    size right after a large matmul."""
     keys: list[dict[str, Any]] = document["keys"]
     timed = [k for k in keys if k["rule_over_vendor"] is not None]
     figure, (ratio_axis, cost_axis) = plt.subplots(
@@ -210,18 +211,18 @@ def plot_untuned_choice(document: dict[str, Any]) -> Figure:
         "the rule's time ÷ torch's op's (blue: untuned calls run the rule; orange: torch's op)"
     )
     ratio_axis.grid(True, axis="x", alpha=0.3)
-    costs = document["overhead"]["operators"]
-    names = list(costs)
-    places = np.arange(len(names))
+    added = {
+        f"{name}\n(tiny, warm)": cost["added_us"] for name, cost in document["overhead"]["operators"].items()
+    }
+    cold = document.get("cold", {}).get("calls", {})  # runs before the cold part have none
+    added |= {f"{name}\n(after a matmul)": cost["added_us"] for name, cost in cold.items()}
+    places = np.arange(len(added))
     cost_axis.bar(
-        places - 0.2, [costs[n]["torch_us"] for n in names], 0.4, label="torch's op", color="tab:grey"
+        places, list(added.values()), color=["tab:blue"] * (len(added) - len(cold)) + ["tab:red"] * len(cold)
     )
-    cost_axis.bar(
-        places + 0.2, [costs[n]["tiletune_us"] for n in names], 0.4, label="tiletune op", color="tab:blue"
-    )
-    cost_axis.set_xticks(places, names)
-    cost_axis.set_ylabel("µs per call (tiny tensors)")
-    cost_axis.legend(fontsize=8)
+    cost_axis.set_xticks(places, list(added), fontsize=6, rotation=60)
+    cost_axis.set_ylabel("µs a call adds to torch's")
+    cost_axis.axhline(0.0, color="black", linewidth=0.8)
     figure.suptitle(
         f"What an untuned call runs, on {document['chip']} (fp32): rule faster at every key for "
         f"{', '.join(document['rule_faster_at_every_key']) or 'no kernel'}",

@@ -422,6 +422,13 @@ UNTUNED_CHOICE: dict[str, Any] = {
         "calls": 10,
         "operators": {"matmul": {"tiletune_us": 90.0, "torch_us": 4.0, "added_us": 86.0}},
     },
+    "cold": {
+        "samples": 3,
+        "calls": {
+            "matmul_operator": {"tiletune_us": 2300.0, "torch_us": 2100.0, "added_us": 200.0},
+            "linear_function": {"tiletune_us": 2120.0, "torch_us": 2100.0, "added_us": 20.0},
+        },
+    },
 }
 
 

@@ -37,7 +37,7 @@ OUR_TABLES = set(Base.metadata.tables)
 FOREIGN_TABLES = {"studies", "alembic_version"}
 OPTUNA_VERSION = "v3.2.0.a"
 #: The newest revision.
-HEAD = "0012"
+HEAD = "0013"
 WRITE_VERBS = ("CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE")
 
 
