@@ -251,7 +251,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
 
 
 def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    if _torch_linear_runs(x, weight):
+    if _torch_linear_runs(x, weight, bias):
         return torch_functional.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
     out: Tensor = torch.ops.tiletune.matmul(rows, weight.t())
@@ -259,10 +259,10 @@ def _linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     return out if bias is None else out + bias
 
 
-def _torch_linear_runs(x: Tensor, weight: Tensor) -> bool:
+def _torch_linear_runs(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     """Whether torch's ``linear`` runs the call (the answers of its ``matmul`` and, where autograd
     records it, of the backward's two ``matmul`` calls are torch's)."""
-    if not _torch_may_run(x, weight):
+    if not _torch_may_run(x, weight, *(() if bias is None else (bias,))):
         return False
     grad = _records_grad(x, weight)
     layout = ("linear", grad, x.shape, x.stride(), weight.shape, weight.stride(), x.dtype, x.device)

@@ -22,7 +22,7 @@ are made from: sizes, strides, dtype, device, flags) and per what the source ans
   again. A call that runs the operator looks nothing up here (the operator does) for
   :data:`RECHECK_S` after its decision, then checks it again the same way. With no source (the
   kernels' rules) nothing is looked up and the decision stands;
-- no while compiling (the graph keeps the operator: its source is read when it runs), nor for a
+- not while compiling (the graph keeps the operator: its source is read when it runs), nor for a
   call that cannot be decided (bad inputs: the operator raises its own error).
 
 Each caller keeps to what its operator covers (dtypes, devices, autocast) before asking.
