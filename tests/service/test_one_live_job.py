@@ -38,7 +38,10 @@ def app(database_url: str) -> Iterator[TestClient]:
 
 
 def submit(app: TestClient, document: dict[str, Any], key: str | None = None) -> httpx.Response:
-    return app.post("/v1/sweeps", json=document, headers={} if key is None else {"Idempotency-Key": key})
+    response: httpx.Response = app.post(
+        "/v1/sweeps", json=document, headers={} if key is None else {"Idempotency-Key": key}
+    )
+    return response
 
 
 def test_concurrent_identical_sweeps_make_one_live_job_per_key(database_url: str, tmp_path: Path) -> None:
