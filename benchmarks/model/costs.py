@@ -5,8 +5,10 @@
   each also as a share of the profile's CPU time (the sum of every event's self time); for a
   training step, each operator's share per phase (forward, backward, optimizer).
 - :func:`lookup_cost`: how many config lookups (``source.get`` calls) one step makes, counted by
-  a source that forwards to the real one, and what one call costs on the step's own keys (every
-  key the step asked, each asked in turn, a hit once prefetched); their product against the step's
+  a source that forwards to the real one (the second step under it: the first decides, once, which
+  calls run torch's function itself, :mod:`tiletune.kernels.ops.torch_path`), and what one call
+  costs on the step's own keys (every key the step asked, each asked in turn, a hit once
+  prefetched); their product against the step's
   median time is the lookups' share. The same for the whole config selection of an operator call
   (:func:`tiletune.kernels.launcher.select_config`: reading the shape, the lookup, the checked
   config), on the step's own tensors' shapes.
@@ -131,6 +133,8 @@ def lookup_cost(variant: Variant, kind: str, tokens: torch.Tensor, step_ms: floa
     counting = CountingSource(source)
     variant.source = counting  # the step's own scope asks it
     try:
+        variant.step(kind, tokens)  # a new source: each call layout's path is decided again
+        counting.calls.clear()
         variant.step(kind, tokens)
     finally:
         variant.source = source

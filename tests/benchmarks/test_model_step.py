@@ -14,8 +14,7 @@ from benchmarks.model.costs import lookup_cost, operator_shares
 from benchmarks.model.decoder import DecoderShape, build_decoder, next_token_loss
 from benchmarks.model.steps import STEPS, Variant, measure, on_operators, spread
 from benchmarks.model_step import goals, ratios, ratios_of_medians
-from tiletune.client import ConfigClient
-from tiletune.kernels.defaults import client_settings
+from tests.sources import MeasuredRules
 
 TINY = DecoderShape(layers=2, hidden=64, heads=4, kv_heads=2, mlp=96, vocab=50)
 SEQ = 16
@@ -23,11 +22,6 @@ SEQ = 16
 
 def tokens() -> torch.Tensor:
     return torch.randint(0, TINY.vocab, (1, SEQ), generator=torch.Generator().manual_seed(0))
-
-
-def offline_client() -> ConfigClient:
-    """A client with no server: every key answered by the kernels' rules."""
-    return ConfigClient(None, settings=client_settings(cache_dir=None))
 
 
 def test_the_patched_decoder_computes_the_eager_decoders_logits_and_gradients() -> None:
@@ -84,7 +78,7 @@ def test_spread_reports_the_median_and_nearest_rank_percentiles() -> None:
 
 
 def test_a_step_asks_one_config_per_operator_call_and_the_profile_sees_each_operator() -> None:
-    variant = on_operators(build_decoder(TINY), "d", "tiny", offline_client())
+    variant = on_operators(build_decoder(TINY), "d", "tiny", MeasuredRules())
     ids = tokens()
     variant.step("inference", ids)  # every key answered once: the counted step is all hits
     cost = lookup_cost(variant, "inference", ids, step_ms=10.0)
@@ -155,7 +149,7 @@ def test_a_goal_at_one_length_is_judged_there_on_its_model_alone() -> None:
 
 
 def test_a_training_profile_names_each_operators_forward_and_backward() -> None:
-    variant = on_operators(build_decoder(TINY), "d", "tiny", offline_client())
+    variant = on_operators(build_decoder(TINY), "d", "tiny", MeasuredRules())
     ids = tokens()
     variant.step("training", ids)
     phases = operator_shares(variant, "training", ids)["phases"]

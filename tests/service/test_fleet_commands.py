@@ -167,7 +167,7 @@ def test_jobs_list_filters(source: ServerProcess, cli: Cli) -> None:
 
 
 def test_jobs_cancel_and_show(source: ServerProcess, cli: Cli) -> None:
-    sweep = _submit(cli, source.url, "test/jobs-chip", "n=1024", "n=2048")
+    sweep = _submit(cli, source.url, "test/jobs-chip", "n=3072", "n=4096")  # keys no other test queued
     first, second = sweep.jobs
     url = ["--server", source.url]
 
@@ -181,7 +181,7 @@ def test_jobs_cancel_and_show(source: ServerProcess, cli: Cli) -> None:
     assert other["state"] == "queued"  # only the one job
     assert again_status == 0, again_err
     assert f"job {first.id} had already ended (cancelled)" in again_err
-    assert again_out.startswith(f"job {first.id} of sweep {sweep.id}: add v1 n=1024 float32")
+    assert again_out.startswith(f"job {first.id} of sweep {sweep.id}: add v1 n=3072 float32")
     assert status == 0, err
     assert "state:    queued" in text
     assert "budget:   40 trials, tpe" in text
