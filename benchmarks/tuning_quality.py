@@ -40,6 +40,7 @@ from typing import Any
 import optuna
 import torch
 
+from tiletune.client.space import is_vendor
 from tiletune.kernels.declaration import Config, Shape
 from tiletune.kernels.device import get_device
 from tiletune.kernels.registry import get_kernel
@@ -243,8 +244,10 @@ def measure_key(
     trials = max(8, math.floor(TUNE_FRACTION * space_size))
     tune_options = TuneOptions(trials=trials, seed=seed, bench=plan.tune_bench, tpe=tpe)
     tuned = tune(spec, shape, dtype, device, tune_options)
-    # The tuned best goes first, so configs that cannot win are pruned from the start.
-    grid_options = TuneOptions(strategy="grid", bench=plan.grid_bench, seeds=(tuned.best_config,))
+    # The tuned best goes first, so configs that cannot win are pruned from the start (a tiled one:
+    # torch's op, the vendor config, is no point of the grid).
+    seeds = () if is_vendor(tuned.best_config) else (tuned.best_config,)
+    grid_options = TuneOptions(strategy="grid", bench=plan.grid_bench, seeds=seeds)
     grid = tune(spec, shape, dtype, device, grid_options)
 
     bench = KernelBench(spec, shape, dtype, device, settings=plan.final_bench)

@@ -56,7 +56,7 @@ class AttentionMode(TorchFunctionMode):
 def _outside_attention_mode(*tensors: Tensor) -> AbstractContextManager[object]:
     """Where :class:`AttentionMode` is the only torch function mode and ``tensors`` are plain, a
     context that leaves it for the body of a function below (torch would call it for each tensor
-    attribute the body reads, about 450 times a decoder forward, and the body calls no attention);
+    attribute the body reads, and the body calls no attention);
     else one that changes nothing (another mode, a subclass, compiling: their handling stays)."""
     if (
         torch._C._len_torch_function_stack() == 1
@@ -171,42 +171,49 @@ def scaled_dot_product_attention(  # noqa: PLR0917  (torch's signature, position
     dtypes or devices.
     """
     reason = _attention_fallback_reason(query, key, value, dropout_p=dropout_p, enable_gqa=enable_gqa)
+    if reason is None and _torch_attention_runs(query, key, value, attn_mask, is_causal):
+        reason = ""  # the answer is torch's op: torch's function, as called, nothing logged
     operand = _mask_operand(attn_mask, query, key, is_causal) if reason is None else reason
     if isinstance(operand, str):
-        _fall_back(operand)
+        if operand:
+            _fall_back(operand)
         return torch_functional.scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
     mask, causal = operand
-    if attn_mask is None and _torch_attention_runs(query, key, value, causal):
-        return torch_functional.scaled_dot_product_attention(
-            query, key, value, None, 0.0, is_causal, scale=scale, enable_gqa=enable_gqa
-        )
     out: Tensor = torch.ops.tiletune.fused_attention(query, key, value, mask, causal=causal, scale=scale)[0]
     return out
 
 
-def _torch_attention_runs(query: Tensor, key: Tensor, value: Tensor, causal: int) -> bool:
-    """Whether torch's attention runs an unmasked call (its answer, and its backward's, are torch's)."""
-    if not _torch_may_run(query, key, value):
+def _torch_attention_runs(
+    query: Tensor, key: Tensor, value: Tensor, attn_mask: Tensor | CausalBias | None, is_causal: bool
+) -> bool:
+    """Whether torch's attention runs the call as made (its answer, and its backward's, are torch's):
+    decided on the operator's key of the call, its mask as the operator would take it (made at
+    the decision only); a ``CausalBias`` takes the operator's path."""
+    if isinstance(attn_mask, CausalBias) or not _torch_may_run(query, key, value):
         return False
-    grad = _records_grad(query, key, value)
+    masks = () if attn_mask is None else (attn_mask,)
+    grad = _records_grad(query, key, value, *masks)
     layout = (
         "attention",
-        causal,
+        is_causal,
         grad,
-        *((t.shape, t.stride()) for t in (query, key, value)),
-        query.dtype,
-        query.device,
+        *((t.shape, t.stride(), t.dtype, t.device) for t in (query, key, value, *masks)),
     )
 
     def calls() -> tuple[Call, ...]:
-        forward = Call("fused_attention", (query, key, value), {"causal": causal})
+        operand = _mask_operand(attn_mask, query, key, is_causal)
+        if isinstance(operand, str):
+            raise ValueError(operand)  # not the operator's call: it falls back to torch's itself
+        mask, causal = operand
+        operator_masks = () if mask is None else (mask,)
+        forward = Call("fused_attention", (query, key, value, *operator_masks), {"causal": causal})
         if not grad:
             return (forward,)
         out, grad_out = query.new_empty(query.shape), query.new_empty(query.shape)
         lse = query.new_empty(query.shape[:-1], dtype=torch.float32)
-        saved = (query, key, value, out, lse, grad_out)
+        saved = (query, key, value, out, lse, grad_out, *operator_masks)
         return forward, Call("fused_attention_backward", saved, {"causal": causal}, dtype_name(query.dtype))
 
     return runs_torch(layout, calls)

@@ -3,10 +3,11 @@
 An operator call whose answer is torch's op (a measured vendor answer, or the vendor choice of a
 call with no measured answer, :func:`~tiletune.kernels.vendor.untuned_vendor_op`) runs torch's op
 inside the operator. The operator's own machinery around it (``torch.library``'s dispatch, the
-inputs' reading, the config's selection and checks) costs about 20 µs alone, but 100-250 µs a call
-between a model's large ops, where the interpreter runs on caches a BLAS call has just filled
-(``docs/benchmarks.md#untuned_choice``). So ``tiletune.nn.functional`` asks :func:`runs_torch` first
-and, when it answers yes, calls torch's function itself, with torch's own autograd.
+inputs' reading, the config's selection and checks) costs about 20 µs alone, but about 300 µs a
+call right after a large matmul, where a model calls it: the BLAS call leaves the interpreter's
+code and data out of the caches (``docs/benchmarks.md#untuned_choice``). So
+``tiletune.nn.functional`` asks :func:`runs_torch` first and, when it answers yes, calls torch's
+function itself, with torch's own autograd.
 
 The answer is the operators' own rule, decided once per call layout (what the caller says its calls
 are made from: sizes, strides, dtype, device, flags) and per what the source answers:
@@ -23,7 +24,8 @@ are made from: sizes, strides, dtype, device, flags) and per what the source ans
   :data:`RECHECK_S` after its decision, then checks it again the same way. With no source (the
   kernels' rules) nothing is looked up and the decision stands;
 - not while compiling (the graph keeps the operator: its source is read when it runs), nor for a
-  call that cannot be decided (bad inputs: the operator raises its own error).
+  call that cannot be decided (``calls()`` raises: bad inputs, for which the operator raises its
+  own error, or a call the caller's operator does not take).
 
 Each caller keeps to what its operator covers (dtypes, devices, autocast) before asking.
 """
@@ -108,10 +110,10 @@ def _vendor_runs(call: Call, source: ConfigSource | None) -> bool:
     return vendor_to_run(selection, device_kind, backend) is not None
 
 
-def _decide(calls: Sequence[Call], source: ConfigSource | None) -> _Decision:
+def _decide(calls: Callable[[], Sequence[Call]], source: ConfigSource | None) -> _Decision:
     recorder = None if source is None else _Recorder(source)
     try:
-        verdict = all(_vendor_runs(call, recorder) for call in calls)
+        verdict = all(_vendor_runs(call, recorder) for call in calls())
     except Exception:  # inputs the operator refuses: it raises its own error
         verdict = False
     lookups = () if recorder is None else tuple(recorder.lookups)
@@ -146,7 +148,7 @@ def runs_torch(layout: Hashable, calls: Callable[[], Sequence[Call]]) -> bool:
             if not decision.runs_torch:
                 _decisions[key] = _Decision(decision.lookups, False, time.monotonic() + RECHECK_S)
             return decision.runs_torch
-    decision = _decide(calls(), source)
+    decision = _decide(calls, source)
     if len(_decisions) >= CHECK_CACHE_SIZE:
         _decisions.clear()
     _decisions[key] = decision

@@ -79,6 +79,7 @@ MASKS: list[tuple[str, Callable[[int, int], Any], int]] = [
 ]
 
 
+@pytest.mark.usefixtures("tiled_answers")
 @pytest.mark.parametrize(("seq_q", "seq_kv"), [(9, 13), (13, 13)])
 @pytest.mark.parametrize(("name", "make_mask", "kv_heads"), MASKS, ids=[m[0] for m in MASKS])
 def test_masked_attention_runs_the_operator_as_torch_does(

@@ -13,6 +13,7 @@ from torch.nn import functional as torch_functional
 from torch.profiler import profile
 
 import tiletune.nn
+from tests.sources import MeasuredRules
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.ops import torch_path, using_source
 from tiletune.kernels.registry import get_kernel
@@ -88,7 +89,7 @@ def test_untuned_linear_runs_torch_linear_its_gradients_too() -> None:
     assert all(torch.equal(a, b) for a, b in zip(gradients[0], expected, strict=True))
 
 
-def test_untuned_attention_runs_torch_attention_unless_masked() -> None:
+def test_untuned_attention_runs_torch_attention_masked_or_not() -> None:
     generator = torch.Generator().manual_seed(2)
     q = torch.randn(1, 4, 40, 16, generator=generator).transpose(1, 2).contiguous().transpose(1, 2)
     k, v = (torch.randn(1, 2, 40, 16, generator=generator) for _ in range(2))
@@ -104,6 +105,10 @@ def test_untuned_attention_runs_torch_attention_unless_masked() -> None:
         assert operators_run(call) == set()
         expected = torch_functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         assert torch.equal(call(), expected)
+        assert operators_run(masked) == set()  # a mask: torch's function, called as the model called it
+        expected = torch_functional.scaled_dot_product_attention(q, k, v, mask, enable_gqa=True)
+        assert torch.equal(masked(), expected)
+    with using_source(MeasuredRules()), torch.no_grad():  # tiled answers: the operator, mask and all
         assert operators_run(masked) == {"tiletune::fused_attention"}
 
 

@@ -97,6 +97,7 @@ def test_a_llama_runs_on_the_operators_with_torchs_logits() -> None:
     }
 
 
+@pytest.mark.usefixtures("tiled_answers")
 def test_a_padding_mask_runs_the_operator_with_torchs_logits() -> None:
     model, reference = tiletune_llama(), llama("sdpa")
     ids = token_ids()
