@@ -223,13 +223,17 @@ def _checked(
     return result
 
 
-def _asked(client: ConfigSource, spec: KernelSpec, shape: Shape, dtype: str) -> tuple[ConfigItems, bool]:
-    """The client's config as hashable items, and whether it is a measured answer (its ``match`` is
-    not ``default``); raises whatever the client or its answer raises."""
-    answer = client.get(spec.name, shape, dtype=dtype)
+def answer_said(answer: TunedConfig) -> tuple[ConfigItems, bool]:
+    """What a source's answer says, as a launch reads it: its config as hashable items, and whether
+    it is a measured answer (its ``match`` is not ``default``); raises whatever the answer raises."""
     items = tuple(answer.config.items())
     hash(items)
     return items, getattr(answer, "match", None) != "default"
+
+
+def _asked(client: ConfigSource, spec: KernelSpec, shape: Shape, dtype: str) -> tuple[ConfigItems, bool]:
+    """:func:`answer_said` of the client's answer; raises whatever the client or its answer raises."""
+    return answer_said(client.get(spec.name, shape, dtype=dtype))
 
 
 def select_config(

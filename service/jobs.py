@@ -166,7 +166,7 @@ def create_sweep(
         if idempotency_key is None
         else f"{'-' if owner_token_id is None else owner_token_id}:{idempotency_key}"
     )
-    digest = None if scoped is None else request_digest(request)
+    digest = None if scoped is None else _request_digest(request)
     sweep = None if scoped is None else _sweep_of_key(session, scoped, digest)
     if sweep is not None:
         return sweep_public(session, sweep)
@@ -193,7 +193,7 @@ def create_sweep(
     return sweep_public(session, sweep)
 
 
-def request_digest(request: SweepCreate) -> str:
+def _request_digest(request: SweepCreate) -> str:
     """SHA-256 of ``request`` as canonical JSON (keys sorted): equal for equal requests."""
     canonical = json.dumps(request.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(canonical.encode()).hexdigest()

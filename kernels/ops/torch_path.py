@@ -38,7 +38,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tiletune.kernels.launcher import CHECK_CACHE_SIZE, ConfigSource, TunedConfig, select_config
+from tiletune.kernels.launcher import (
+    CHECK_CACHE_SIZE,
+    ConfigItems,
+    ConfigSource,
+    TunedConfig,
+    answer_said,
+    select_config,
+)
 from tiletune.kernels.ops.dispatch import implementation, vendor_to_run
 from tiletune.kernels.ops.source import current_source
 
@@ -57,8 +64,8 @@ class Call:
     dtype: str | None = None
 
 
-#: What an answer said, as far as a decision reads it: its config and whether it is measured.
-_Said = tuple[tuple[tuple[str, object], ...], bool]
+#: What an answer said, as a launch reads it (:func:`~tiletune.kernels.launcher.answer_said`).
+_Said = tuple[ConfigItems, bool]
 
 
 @dataclass(frozen=True)
@@ -83,10 +90,6 @@ class _Decision:
 _decisions: dict[Hashable, _Decision] = {}
 
 
-def _said(answer: TunedConfig) -> _Said:
-    return tuple(answer.config.items()), getattr(answer, "match", None) != "default"
-
-
 class _Recorder:
     """A source that passes each lookup on to ``source`` and keeps it."""
 
@@ -96,7 +99,7 @@ class _Recorder:
 
     def get(self, kernel: str, shape: Mapping[str, int], /, *, dtype: str) -> TunedConfig:
         answer = self.source.get(kernel, shape, dtype=dtype)
-        self.lookups.append(_Lookup(kernel, dict(shape), dtype, answer, _said(answer)))
+        self.lookups.append(_Lookup(kernel, dict(shape), dtype, answer, answer_said(answer)))
         return answer
 
 
@@ -125,9 +128,9 @@ def _stands(decision: _Decision, source: ConfigSource) -> bool:
     for lookup in decision.lookups:
         try:
             answer = source.get(lookup.kernel, lookup.shape, dtype=lookup.dtype)
-        except Exception:  # the operator's path handles a failing source
-            return False
-        if answer is not lookup.answer and _said(answer) != lookup.said:
+            if answer is not lookup.answer and answer_said(answer) != lookup.said:
+                return False
+        except Exception:  # a failing source or answer: the operator's path handles it
             return False
     return True
 

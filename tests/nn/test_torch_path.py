@@ -13,7 +13,7 @@ from torch.nn import functional as torch_functional
 from torch.profiler import profile
 
 import tiletune.nn
-from tests.sources import MeasuredRules
+from tests.sources import Answer, MeasuredRules
 from tiletune.kernels.device import cpu_chip
 from tiletune.kernels.ops import torch_path, using_source
 from tiletune.kernels.registry import get_kernel
@@ -22,14 +22,6 @@ from tiletune.nn.functional import AttentionMode
 
 VENDOR = {"vendor": 1}
 LIMITS = cpu_chip().limits
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A source's answer: the config and how it matched."""
-
-    config: Mapping[str, int]
-    match: str = "exact"
 
 
 @dataclass
