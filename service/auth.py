@@ -23,6 +23,10 @@
 
 Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
 seen at once, in another within ``cache_s``), so a lookup does not query the tokens table.
+Each replica also knows the digests of the live tokens (read at most once per
+:data:`LIVE_REREAD_S`):
+:meth:`Tokens.may_be_live` lets a caller whose address has spent its failed authentications
+still present a valid token, while guesses from it cost no query.
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ log = logging.getLogger(__name__)
 TOKEN_BYTES = 32
 #: Seconds a verified token is remembered by a replica.
 TOKEN_CACHE_S = 5.0
+#: Seconds between two reads of the live tokens' digests (:meth:`Tokens.may_be_live`).
+LIVE_REREAD_S = 1.0
 #: The name of the worker token of ``TILETUNE_WORKER_TOKEN``.
 DEPLOY_WORKER_NAME = "deploy-worker"
 
@@ -113,6 +119,8 @@ class Tokens:
         self.cache_s = cache_s
         self._clock = clock
         self._verified: dict[str, tuple[float, Identity]] = {}
+        self._live: frozenset[str] = frozenset()
+        self._live_read_at: float | None = None
         self._lock = threading.Lock()
 
     def create(self, role: Role, name: str, chip: str | None = None) -> TokenCreated:
@@ -124,7 +132,10 @@ class Tokens:
             )
             session.add(row)
             session.flush()
-            return TokenCreated(**_public(row).model_dump(), token=secret)
+            created = TokenCreated(**_public(row).model_dump(), token=secret)
+        with self._lock:
+            self._live_read_at = None  # the live digests are read again when next asked
+        return created
 
     def replace(self, role: Role, name: str) -> TokenCreated:
         """A new token of ``role`` named ``name``; the live tokens of that name are revoked."""
@@ -133,8 +144,7 @@ class Tokens:
                 select(TokenRow).where(TokenRow.name == name, TokenRow.revoked_at.is_(None))
             ):
                 row.revoked_at = self.db.clock()
-        with self._lock:
-            self._verified.clear()
+        self._forget()
         return self.create(role, name)
 
     def list(self) -> Sequence[TokenPublic]:
@@ -151,9 +161,14 @@ class Tokens:
             if row.revoked_at is None:
                 row.revoked_at = self.db.clock()
             public = _public(row)
+        self._forget()
+        return public
+
+    def _forget(self) -> None:
+        """Forget what this replica remembered of its tokens (after a revocation here)."""
         with self._lock:
             self._verified.clear()
-        return public
+            self._live_read_at = None
 
     def bootstrap(self, admin_secret: str | None) -> str | None:
         """Give a database without an admin token its first one: ``admin_secret``, else a new one.
@@ -220,6 +235,23 @@ class Tokens:
         """The identity of a token verified within ``cache_s``, else ``None`` (never the database)."""
         found = self._verified.get(digest(secret))
         return found[1] if found is not None and found[0] > self._clock() else None
+
+    def may_be_live(self, secret: str) -> bool:
+        """True when ``secret``'s digest is among the live tokens' digests, read from the database
+        at most once per :data:`LIVE_REREAD_S` (a token created in this replica is known at once,
+        one made in another replica within that); False says the token is unknown or revoked."""
+        presented = digest(secret)
+        if presented in self._live:
+            return True
+        now = self._clock()
+        with self._lock:
+            if self._live_read_at is not None and now - self._live_read_at < LIVE_REREAD_S:
+                return False
+            self._live_read_at = now
+        with self.db.read() as session:
+            live = frozenset(session.scalars(select(TokenRow.digest).where(TokenRow.revoked_at.is_(None))))
+        self._live = live
+        return presented in live
 
     def identify(self, secret: str) -> Identity:
         """The identity of a presented token; :class:`UnauthorizedError` when unknown or revoked."""

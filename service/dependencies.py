@@ -72,27 +72,36 @@ async def _miss_limit(request: Request) -> RateLimiter:
 async def authenticate(tokens: Tokens, failures: RateLimiter, secret: str, address: str) -> Identity:
     """The identity of a presented token, failed authentications limited per client address.
 
-    A token verified recently is known without the database. For any other, an ``address``
-    (:func:`~tiletune.service.ratelimit.address_key`) that used up its failures gets 429
-    ``rate_limited`` before the token is looked up; an unknown or revoked token is 401 and
-    takes one of its address's failures (``failures``: ``TILETUNE_AUTH_FAILURES_PER_S``, bursts
-    of ``TILETUNE_AUTH_FAILURE_BURST``). A valid token takes nothing.
+    A token verified recently is known without the database. Any other takes one of its
+    address's failures (:func:`~tiletune.service.ratelimit.address_key`;
+    ``TILETUNE_AUTH_FAILURES_PER_S``, bursts of ``TILETUNE_AUTH_FAILURE_BURST``) before it is
+    looked up, given back unless it is unknown or revoked (401), so concurrent guesses cannot
+    pass the limit together. An address that has spent its failures gets 429 ``rate_limited``
+    without a query, except for a token among the replica's live digests
+    (:meth:`~tiletune.service.auth.Tokens.may_be_live`): a valid token is never refused for
+    what others guessed from its address.
     """
     remembered = tokens.remembered(secret)
     if remembered is not None:
         return remembered
     key = address_key(address)
-    if failures.exhausted(key):
+    if not failures.allow(key):
+        if await run_in_threadpool(tokens.may_be_live, secret):
+            return await run_in_threadpool(tokens.identify, secret)
         raise RateLimitedError(
             "too many failed authentications from this address; try again later",
             failures.retry_after_s(),
             field="authorization",
         )
+    failed = False
     try:
         return await run_in_threadpool(tokens.identify, secret)
     except UnauthorizedError:
-        failures.allow(key)  # takes one of the address's failures
+        failed = True
         raise
+    finally:
+        if not failed:
+            failures.refund(key)
 
 
 async def authenticate_request(request: Request, secret: str) -> Identity:

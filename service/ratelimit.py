@@ -1,11 +1,11 @@
 """Per-caller rate limits: a token bucket per key, in one replica's memory.
 
 ``allow(key)`` takes one token from ``key``'s bucket (``burst`` tokens, refilled at ``rate_per_s``)
-and says whether there was one; ``exhausted(key)`` says whether the bucket is empty, taking
-nothing (a limit on failures: look first, take on failure). At most :data:`MAX_BUCKETS` buckets
-are kept (beyond, all are forgotten), so memory stays bounded. Time comes from an injected clock.
-:func:`address_key` is the key of a client's address (an IPv6 client's /64 network: one
-host holds all of it).
+and says whether there was one; ``refund(key)`` gives one back (a limit on failures: take one
+before the attempt, so that concurrent attempts cannot pass together, and give it back when the
+attempt did not fail). At most :data:`MAX_BUCKETS` buckets are kept (beyond, all are
+forgotten), so memory stays bounded. Time comes from an injected clock. :func:`address_key` is
+the key of a client's address (an IPv6 client's /64 network: one host holds all of it).
 """
 
 from __future__ import annotations
@@ -45,17 +45,14 @@ class RateLimiter:
             self._buckets[key] = (tokens - 1.0, now)
             return True
 
-    def exhausted(self, key: Hashable) -> bool:
-        """True when ``key``'s bucket holds no whole token now (nothing is taken)."""
+    def refund(self, key: Hashable) -> None:
+        """Give back a token taken from ``key``'s bucket (never above ``burst``)."""
         if self.rate_per_s <= 0:
-            return False
-        now = self._clock()
+            return
         with self._lock:
             found = self._buckets.get(key)
-        if found is None:
-            return False
-        tokens, at = found
-        return min(float(self.burst), tokens + (now - at) * self.rate_per_s) < 1.0
+            if found is not None:
+                self._buckets[key] = (min(float(self.burst), found[0] + 1.0), found[1])
 
     def retry_after_s(self) -> float:
         """Seconds until an empty bucket holds one token again."""

@@ -6,6 +6,7 @@ Never read at import time: ``create_app(settings)`` takes them explicitly.
 from __future__ import annotations
 
 import ipaddress
+from urllib.parse import urlsplit
 
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -66,6 +67,10 @@ class Settings(BaseSettings):
       whose ``X-Forwarded-Proto`` and ``X-Forwarded-For`` are believed: the TLS proxy or
       ingress in front of ``tiletune server`` (``None``: uvicorn's ``$FORWARDED_ALLOW_IPS``,
       else loopback only);
+    - ``public_url``: the URL browsers reach the dashboard by (``https://tiletune.example.com``),
+      where a proxy in front ends TLS: its origin is the dashboard's too (forms posted from it
+      are ours) and session cookies are ``Secure`` when it is https, without believing any
+      forwarded header (``None``: the request's own scheme and ``Host``);
     - ``body_timeout_s``: how long a request's body may take to arrive after its head (408 and
       the connection closed beyond; see ``tiletune.service.bodies``, which also caps each
       route's body under ``max_body_bytes``); ``head_timeout_s``: how long a connection may
@@ -104,6 +109,7 @@ class Settings(BaseSettings):
     session_idle_s: float = Field(default=2 * 3600.0, gt=0, le=MAX_SESSION_S)
     session_max_s: float = Field(default=12 * 3600.0, gt=0, le=MAX_SESSION_S)
     forwarded_allow_ips: str | None = Field(default=None, max_length=4000)
+    public_url: str | None = Field(default=None, max_length=2000)
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
     auth_failures_per_s: float = Field(default=1.0, ge=0)
@@ -138,3 +144,22 @@ class Settings(BaseSettings):
                     f"{entry.strip()!r} is not an IP address or network (e.g. 10.0.0.0/8, or * for any)"
                 ) from None
         return value
+
+    @field_validator("public_url")
+    @classmethod
+    def _an_origin(cls, value: str | None) -> str | None:
+        """``http(s)://host[:port]``, a trailing ``/`` allowed; no path, query or user. Empty is unset."""
+        if value is None or not value.strip():
+            return None
+        try:
+            parts = urlsplit(value.strip())
+            parts.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError:
+            raise ValueError("is not a URL (e.g. https://tiletune.example.com)") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(
+                "must be an http:// or https:// URL with a host (e.g. https://tiletune.example.com)"
+            )
+        if parts.path not in ("", "/") or parts.query or parts.fragment or parts.username or parts.password:
+            raise ValueError("must be the origin alone: scheme, host and port (no path, query or user)")
+        return f"{parts.scheme}://{parts.netloc}"

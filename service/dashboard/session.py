@@ -15,9 +15,9 @@
 - Every form that changes something carries :func:`csrf_token` of the viewer's secret (its
   session id or bearer token: a digest another site cannot compute), and every posted form
   must come from our own origin (``Origin``, else ``Sec-Fetch-Site``): :func:`read_form`
-  refuses the rest with 403. Behind a TLS proxy our origin is the scheme the proxy reports
-  (``X-Forwarded-Proto``, believed from ``Settings.forwarded_allow_ips`` only) and the
-  ``Host`` it passes on.
+  refuses the rest with 403. Our origin is the request's scheme and ``Host``; behind a TLS
+  proxy it is ``Settings.public_url`` too, or the scheme the proxy reports
+  (``X-Forwarded-Proto``, believed from ``Settings.forwarded_allow_ips`` only).
 - A posted form is bounded: at most :data:`MAX_FORM_BYTES` and :data:`MAX_FORM_FIELDS` fields.
 """
 
@@ -233,16 +233,34 @@ def _origin(scheme: str, netloc: str) -> str | None:
     return f"{scheme.lower()}://{host}{shown}"
 
 
+def _our_origins(request: Request) -> set[str]:
+    """The request's own origin and ``Settings.public_url``'s, where readable."""
+    public_url: str | None = request.app.state.services.settings.public_url
+    origins = [_origin(request.url.scheme, request.url.netloc)]
+    if public_url is not None:
+        scheme, _, netloc = public_url.partition("://")
+        origins.append(_origin(scheme, netloc))
+    return {origin for origin in origins if origin is not None}
+
+
+def is_https(request: Request) -> bool:
+    """True when the browser reaches us over https: the request's scheme (as a trusted proxy
+    reports it), or ``Settings.public_url``'s."""
+    public_url: str | None = request.app.state.services.settings.public_url
+    return request.url.scheme == "https" or (public_url or "").startswith("https://")
+
+
 def same_origin(request: Request) -> bool:
     """True when a posted form comes from a page of our own origin.
 
-    Our origin is the request's scheme (the one a trusted proxy reports) and its ``Host``.
+    Our origin is the request's scheme (the one a trusted proxy reports) and its ``Host``, or
+    the origin of ``Settings.public_url``.
     """
     origin = request.headers.get("origin")
     if origin is not None:
         scheme, _, netloc = origin.partition("://")
-        ours = _origin(request.url.scheme, request.url.netloc)
-        return ours is not None and _origin(scheme, netloc) == ours
+        theirs = _origin(scheme, netloc)
+        return theirs is not None and theirs in _our_origins(request)
     return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
 
 

@@ -16,6 +16,7 @@ from tiletune.service.dashboard.session import (
     BrowserSessionsDep,
     Viewer,
     ViewerDep,
+    is_https,
     read_form,
     safe_next,
 )
@@ -48,11 +49,6 @@ def _signin_page(
         "longest": duration(settings.session_max_s),
     }
     return render(request, Viewer(ANONYMOUS, None, False), "signin.html", context, status_code=status_code)
-
-
-def _is_https(request: Request) -> bool:
-    """True when the browser reached us over https (as a trusted proxy reports it)."""
-    return request.url.scheme == "https"
 
 
 @router.get("/signin")
@@ -93,7 +89,7 @@ async def signin(request: Request, sessions: BrowserSessionsDep, settings: Setti
         max_age=math.ceil(settings.session_max_s),
         httponly=True,
         samesite="strict",
-        secure=_is_https(request),
+        secure=is_https(request),
         path="/",
     )
     return response
@@ -107,5 +103,5 @@ async def signout(request: Request, viewer: ViewerDep, sessions: BrowserSessions
     if viewer.from_cookie and session_id:
         await run_in_threadpool(sessions.close, session_id)
     response = RedirectResponse("/", status_code=303)
-    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=_is_https(request))
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict", secure=is_https(request))
     return response

@@ -1,5 +1,7 @@
 """Browser sessions of the dashboard, and sign-in behind a TLS proxy.
 
+- Behind a proxy, ``Settings.public_url`` is our origin too (a Secure cookie over https) without
+  any forwarded header being believed.
 - Behind a trusted proxy (``Settings.forwarded_allow_ips``), the scheme it reports
   (``X-Forwarded-Proto: https``) is the request's: the browser's ``https`` Origin matches and the
   session cookie is ``Secure``. From any other address the header is not believed. In process
@@ -147,6 +149,40 @@ def test_forwarded_headers_from_another_address_are_not_believed(served: ASGIApp
         plain = sign_in(client, ADMIN_TOKEN, **{**HTTPS, "Origin": f"http://{PUBLIC_HOST}"})
         assert plain.status_code == 303, plain.text
         assert session_cookie(plain)["secure"] == ""
+
+
+def test_behind_a_proxy_the_public_url_is_our_origin_without_any_forwarded_header(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'public.db'}"
+    upgrade(url)
+    settings = Settings(
+        db_url=url, admin_token=ADMIN_SECRET, open_reads=False, public_url=f"https://{PUBLIC_HOST}/"
+    )
+    server, _tokens = uvicorn_server(settings, "0.0.0.0", 0, access_log=False)
+    server.config.load()
+    with from_address(server.config.loaded_app, ELSEWHERE) as client:  # a pod: believes nothing it says
+        answer = sign_in(client, ADMIN_TOKEN, Origin=f"https://{PUBLIC_HOST}")
+        assert answer.status_code == 303, answer.text
+        assert session_cookie(answer)["secure"] is True
+        for other in (f"https://evil.{PUBLIC_HOST}", f"https://{PUBLIC_HOST}:8443", "null"):
+            refused = sign_in(client, ADMIN_TOKEN, Origin=other)
+            assert (refused.status_code, refused.json()["field"]) == (403, "origin")
+
+
+def test_the_public_url_must_be_an_origin() -> None:
+    assert (
+        Settings(public_url="https://Tiletune.Example.com:8443/").public_url
+        == "https://Tiletune.Example.com:8443"
+    )
+    assert Settings(public_url=" ").public_url is None
+    for bad in (
+        "tiletune.example.com",
+        "ftp://host",
+        "https://host/dashboard",
+        "https://user@host",
+        "https://h:x",
+    ):
+        with pytest.raises(ValidationError, match="public_url"):
+            Settings(public_url=bad)
 
 
 def test_the_trusted_addresses_must_be_addresses_or_networks() -> None:
@@ -312,7 +348,7 @@ def test_failed_sign_ins_and_page_bearers_are_limited_per_address(tmp_path: Path
         limited = sign_in(client, "tt_a-third-guess")
         assert limited.status_code == 429
         assert COOKIE not in limited.headers.get("set-cookie", "")
-        assert sign_in(client, ADMIN_TOKEN).status_code == 429  # even a good token waits, from here
+        assert sign_in(client, ADMIN_TOKEN).status_code == 303  # a valid token is never refused
         assert client.get("/jobs", headers={"Authorization": "Bearer tt_guess"}).status_code == 429
     elsewhere = TestClient(app, client=("198.51.100.7", 40000), follow_redirects=False)
     assert sign_in(elsewhere, ADMIN_TOKEN).status_code == 303  # another address: its own budget
