@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The server's own venv: server.lock, no torch (the tests run a server from it).
 SERVER_VENV ?= .venv-server
+# libfaketime, preloaded into a server replica whose clock a test shifts (Debian's faketime package).
+FAKETIME_LIB := /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1
 # The lowest versions pyproject's ranges admit, for the contract tests (`make test-lowest`).
 LOWEST_VENV ?= .venv-lowest
 # Every install is a lock of requirements/ (made by `make lock`): exact versions with their hashes,
@@ -37,6 +39,10 @@ setup: $(BIN)/python
 	@command -v wrk >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y -q wrk || { apt-get update -q && apt-get install -y -q wrk; }; }; } || \
 		echo "wrk is missing (apt-get install wrk as root): benchmarks/http_load.py needs it"
+	# libfaketime (Debian's package): the clock-skew test runs a server replica on a shifted clock.
+	@test -e $(FAKETIME_LIB) || { [ "$$(id -u)" = 0 ] && \
+		{ apt-get install -y -q faketime || { apt-get update -q && apt-get install -y -q faketime; }; }; } || \
+		{ echo "libfaketime is missing (apt-get install faketime as root): the clock-skew test needs it"; exit 1; }
 	# Chromium (Debian's package), the browser the dashboard's tests drive through Playwright.
 	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && \
 		{ apt-get install -y -q chromium || { apt-get update -q && apt-get install -y -q chromium; }; }; } || \

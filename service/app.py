@@ -40,7 +40,7 @@ from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, ap
 from tiletune.service.auth import Identity, Tokens
 from tiletune.service.bodies import BodyGuard
 from tiletune.service.body_json import error_field_and_message, not_json_message
-from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions, utc_now
+from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions
 from tiletune.service.demand import MissPolicy
 from tiletune.service.dependencies import authenticate
 from tiletune.service.errors import ServiceError, UnavailableError, error_headers
@@ -54,6 +54,7 @@ from tiletune.service.request_ids import RequestIds, current_request_id
 from tiletune.service.retune import RetunePolicy, Retuner
 from tiletune.service.searches import SearchHost
 from tiletune.service.settings import Settings
+from tiletune.service.store_clock import StoreClock
 
 log = logging.getLogger(__name__)
 
@@ -99,11 +100,18 @@ class Services:
     auth_failures: RateLimiter
     #: Re-tuning after software changes (``TILETUNE_RETUNE_BUDGET``).
     retune: Retuner
+    #: The store's clock, when the app reads it (no clock injected); re-measured by the reaper.
+    store_clock: StoreClock | None = None
 
 
-def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
-    """Engines, database, queue, searches and protocol for ``settings``."""
+def build_services(settings: Settings, clock: Clock | None = None) -> Services:
+    """Engines, database, queue, searches and protocol for ``settings``; times from ``clock``, by
+    default the store's (:class:`~tiletune.service.store_clock.StoreClock`, measured here first)."""
     writes = make_engine(settings.db_url)
+    store_clock = None
+    if clock is None:
+        clock = store_clock = StoreClock(writes)
+        store_clock.measure()
     reads = (
         make_engine(settings.db_url, write_lock=False, pool_size=READ_POOL_SIZE)
         if is_sqlite(settings.db_url)
@@ -126,6 +134,9 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
     )
     tokens = Tokens(db)
     metrics = ServiceMetrics(db, online_s=settings.lease_s, db_url=settings.db_url)
+    if store_clock is not None:
+        measured = store_clock
+        metrics.clock_skew.set_function(lambda: measured.skew_s)
     if settings.admin_token is not None:  # first: the database's first admin, if it has none
         tokens.bootstrap(settings.admin_token.get_secret_value())
     if settings.worker_token is not None:
@@ -149,10 +160,11 @@ def build_services(settings: Settings, clock: Clock = utc_now) -> Services:
         metrics,
         RateLimiter(settings.auth_failures_per_s, settings.auth_failure_burst),
         Retuner(db, read_side.usage, retune),
+        store_clock,
     )
 
 
-def create_app(settings: Settings | None = None, clock: Clock = utc_now, reaper: bool = True) -> FastAPI:
+def create_app(settings: Settings | None = None, clock: Clock | None = None, reaper: bool = True) -> FastAPI:
     """The tiletune API for ``settings`` (default: from the environment); see the module docstring."""
     services = build_services(settings or Settings(), clock)
     app = FastAPI(
@@ -263,10 +275,13 @@ def _load_index(services: Services) -> None:
 
 
 def _reap_forever(services: Services, stop: threading.Event) -> None:
-    """Every ``reap_interval_s``: return expired leases' jobs to the queue, then run a demand pass
-    (the demand budget's hour slides on; keys whose live job ended become eligible), store the
-    launches per key and plan re-tuning for software changes not planned yet."""
+    """Every ``reap_interval_s``: measure the store's clock again when due, return expired leases'
+    jobs to the queue, then run a demand pass (the demand budget's hour slides on; keys whose live
+    job ended become eligible), store the launches per key and plan re-tuning for software changes
+    not planned yet."""
     while not stop.wait(services.settings.reap_interval_s):
+        if services.store_clock is not None:
+            services.store_clock.check()  # before the expiry it judges
         try:
             reaped = services.protocol.reap()
         except Exception:

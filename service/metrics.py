@@ -18,6 +18,9 @@ in tests, never share counts). What it exposes, per replica:
   in-process caches and defaults, no server lookup), by answer (``exact``, ``nearest``,
   ``default``), as clients report them (``POST /v1/client-stats``); with the lookups, every
   launch of the clients that report;
+- ``tiletune_clock_skew_seconds`` (gauge): how far the database's clock is ahead of this
+  replica's (negative: behind), as :mod:`~tiletune.service.store_clock` last measured it; the
+  times the replica writes and compares are the database's all the same;
 - the process's own: ``process_*`` (CPU seconds, resident and virtual memory, open file
   descriptors, start time), ``python_info`` and ``python_gc_*`` (``prometheus-client``'s process,
   platform and GC collectors, on the app's registry);
@@ -55,6 +58,7 @@ from datetime import datetime, timedelta
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     GCCollector,
     Histogram,
     PlatformCollector,
@@ -140,6 +144,11 @@ class ServiceMetrics:
         )
         for answer in CLIENT_ANSWERS:  # every answer shows from the start, at 0
             self.client_answers.labels(answer)
+        self.clock_skew = Gauge(
+            "tiletune_clock_skew_seconds",
+            "Seconds the database's clock is ahead of this replica's (negative: behind), as last measured",
+            registry=self.registry,
+        )
         self.store_lock = StoreGaugesLock(db_url)
         self.registry.register(_StoreCollector(db, online_s, self.store_lock))
 

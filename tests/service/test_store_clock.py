@@ -1,0 +1,106 @@
+"""One clock for the whole fleet: the database's.
+
+- Two real ``tiletune server`` replicas on one PostgreSQL store, one of them on a clock 120 s
+  ahead (libfaketime preloaded): a lease heartbeated every second, alternately through either,
+  lives through several lease times while both reap; the shifted replica reports its skew
+  (``tiletune_clock_skew_seconds``) and warns.
+- :class:`~tiletune.service.store_clock.StoreClock` in process, on real PostgreSQL and SQLite: the
+  offset of a shifted host clock is measured and taken off; SQLite is the host's clock, with no
+  query; a database that cannot be reached keeps the last offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import create_engine
+
+from tests.service.conftest import postgres_database
+from tests.service.processes import start_server, stop
+from tests.service.test_miss_reports_and_heartbeats import lease_a_job, token
+from tiletune.service.database import normalize_url, utc_now
+from tiletune.service.migrate import upgrade
+from tiletune.service.store_clock import StoreClock
+
+FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+AHEAD_S = 120.0
+AHEAD = {
+    "LD_PRELOAD": FAKETIME_LIB,
+    "FAKETIME": f"+{AHEAD_S:g}s",
+    "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # timers and waits keep real time; only the date moves
+}
+#: Heartbeats sent: over three of FAST_LEASES' 4-second leases, at one a second.
+HEARTBEATS = 14
+#: How well the offset is measured over loopback (half a round trip, and the clock's own steps).
+MEASURED_WITHIN_S = 0.25
+
+
+def _skew_of(url: str) -> float:
+    exposition = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.search(r"^tiletune_clock_skew_seconds (\S+)$", exposition, re.MULTILINE)
+    assert found is not None, exposition[:2000]
+    return float(found.group(1))
+
+
+def test_a_replica_on_a_clock_ahead_keeps_every_heartbeating_lease(tmp_path: Path) -> None:
+    assert Path(FAKETIME_LIB).exists(), "libfaketime is missing: `make setup` installs it"
+    with postgres_database() as db_url:
+        first = start_server(tmp_path, db_url=db_url)
+        ahead = start_server(tmp_path, db_url=db_url, env=AHEAD, log_name="ahead.log")
+        try:
+            with httpx.Client(base_url=first.url, timeout=30) as http:
+                worker = token(http, "worker")
+                lease = {**worker, "X-Lease-Token": lease_a_job(http, worker)}
+            answers = []
+            for beat in range(HEARTBEATS):
+                replica = (first, ahead)[beat % 2]
+                answers.append(httpx.post(f"{replica.url}/v1/lease/heartbeat", headers=lease, timeout=30))
+                time.sleep(1.0)
+            assert [answer.status_code for answer in answers] == [200] * HEARTBEATS, answers[-1].text
+            assert _skew_of(ahead.url) == pytest.approx(-AHEAD_S, abs=MEASURED_WITHIN_S)
+            assert abs(_skew_of(first.url)) < MEASURED_WITHIN_S
+            expired = httpx.get(f"{ahead.url}/metrics", timeout=10).text
+            assert re.search(r"^tiletune_leases_expired_total 0\.0$", expired, re.MULTILINE)
+        finally:
+            stop(ahead.process)
+            stop(first.process)
+        assert "this replica's clock is 120.0 s ahead of the database's" in ahead.log(200)
+
+
+def test_the_store_clock_takes_a_hosts_offset_off(caplog: pytest.LogCaptureFixture) -> None:
+    with postgres_database() as db_url:
+        upgrade(db_url)
+        engine = create_engine(normalize_url(db_url))
+        try:
+            clock = StoreClock(engine, local=lambda: utc_now() + timedelta(seconds=AHEAD_S))
+            with caplog.at_level(logging.WARNING, logger="tiletune.service.store_clock"):
+                clock.measure()
+            assert clock.skew_s == pytest.approx(-AHEAD_S, abs=MEASURED_WITHIN_S)
+            assert abs((clock() - utc_now()).total_seconds()) < MEASURED_WITHIN_S
+            assert [record.levelname for record in caplog.records] == ["WARNING"]
+        finally:
+            engine.dispose()
+
+
+def test_sqlite_is_the_hosts_clock_and_an_unreachable_store_keeps_the_offset(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sqlite = create_engine(f"sqlite:///{tmp_path / 'clock.db'}")
+    clock = StoreClock(sqlite, local=lambda: utc_now() + timedelta(seconds=AHEAD_S))
+    clock.measure()
+    assert clock.skew_s == 0.0
+
+    away = create_engine(
+        "postgresql+psycopg://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2}
+    )
+    clock = StoreClock(away)
+    with caplog.at_level(logging.WARNING, logger="tiletune.service.store_clock"):
+        clock.measure()
+    assert clock.skew_s == 0.0
+    assert "failed" in caplog.text
