@@ -18,6 +18,8 @@ The plot follows the document's ``benchmark`` field (the functions live in ``ben
   the attention goal (1.2×);
 - ``service_overhead``: each local / service pair's wall time, and their ratios against the goal;
 - ``replay_worker_cost``: ms per replay trial: wall time, server and worker CPU, the lookup path;
+- ``worker_agreement``: two honest workers' ratio on one config (validation over search), by
+  kernel, against the confirmation's agreement ratio;
 - ``http_load``: requests/s and p50 / p99 latency per scenario and per mixed-load endpoint;
 - ``http_lookup``: requests/s and p50 / p99 latency against concurrent clients;
 - ``lookup_latency``: ns per call of a hit against a bare dict lookup, and of a launch with and
@@ -58,7 +60,7 @@ from benchmarks.plots.http import plot_http_load, plot_http_lookup
 from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality, plot_untuned_choice
 from benchmarks.plots.model import plot_local_tune, plot_model_step
 from benchmarks.plots.search import plot_search_replay, plot_space_basins
-from benchmarks.plots.service import plot_replay_worker_cost, plot_service_overhead
+from benchmarks.plots.service import plot_replay_worker_cost, plot_service_overhead, plot_worker_agreement
 
 DPI = 110
 
@@ -70,6 +72,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "gpu_check": plot_gpu_check,
     "service_overhead": plot_service_overhead,
     "replay_worker_cost": plot_replay_worker_cost,
+    "worker_agreement": plot_worker_agreement,
     "http_load": plot_http_load,
     "http_lookup": plot_http_lookup,
     "lookup_latency": plot_lookup_latency,

@@ -395,6 +395,21 @@ class JobProgress(_Response):
     speedup_vs_default: float | None = None
 
 
+class JobConfirmation(_Response):
+    """Who measured a validated job's winner in its search, and who confirmed it in the validation
+    run: a worker other than the one whose measurement led, where the chip had one online
+    (``confirmed_by`` ``None``: the leader validated its own pick). ``agree`` compares the two
+    medians of the winner (``None``: no other worker measured it in the search); a winner the
+    workers disagree on beyond ``agreement_ratio`` either way is not promoted."""
+
+    measured_by: list[str]
+    confirmed_by: str | None = None
+    search_ms: float | None = None
+    validation_ms: float
+    agree: bool | None = None
+    agreement_ratio: float | None = None
+
+
 class JobPublic(_Response):
     """One job: the tuning of one (kernel, shape, dtype, chip target).
 
@@ -425,6 +440,8 @@ class JobPublic(_Response):
     updated_at: datetime
     #: For a job born ``skipped`` because a live job of its key tunes it: that job's id.
     tuned_by: int | None = None
+    #: For a validated job: who measured and who confirmed its winner.
+    confirmation: JobConfirmation | None = None
 
 
 class _SweepHead(_Response):
@@ -780,6 +797,8 @@ class TrialPublic(_Response):
     asked_at: datetime
     told_at: datetime | None
     conditions: ConditionsPublic | None = None
+    #: The worker that measured it (its lease's).
+    worker: str | None = None
 
 
 # -- misses: shapes clients asked for that nobody tuned ---------------------------------------------

@@ -15,6 +15,11 @@ Conventions:
   peak depends on the core count a worker may use and on clocks no name carries): unknown, never
   guessed.
 
+:func:`ceiling_of` is the other use: the rates no call on a chip can exceed (a listed chip's peak
+with a margin for caches and clocks; a CPU's per-core bounds times its cores; a generous bound
+for any other), so that the service refuses a reported time no chip could reach
+(:func:`fastest_possible_s`).
+
 Standard library only; imports nothing of tiletune.
 """
 
@@ -141,3 +146,53 @@ def peak_fraction(peak: Peak | None, flops_per_s: float | None, bytes_per_s: flo
         if achieved is not None and achieved > 0 and top is not None and top > 0
     ]
     return max(fractions) if fractions else None
+
+
+# -- ceilings: what no measurement on a chip can exceed -------------------------------------------
+
+#: A listed chip's ceiling over its published peak: FLOP/s may run a little above the datasheet
+#: (clocks); bytes/s counts a call's inputs and outputs, which on-chip caches serve several times
+#: faster than the published memory bandwidth (an H100's L2 about 4x, its shared memory about 10x).
+LISTED_FLOPS_MARGIN: Final = 2.0
+LISTED_BYTES_MARGIN: Final = 16.0
+#: One CPU core at most: 6 GHz; float32 through two 16-lane FMA units (384 GFLOP/s), float16 and
+#: bfloat16 through matrix units (AMX: 2,048 per cycle, 12.3 TFLOP/s); three 64-byte loads and
+#: two 64-byte stores a cycle from L1 (1.9 TB/s).
+CPU_CORE_FLOPS: Final = MappingProxyType({"float32": 384e9, "float16": 12.3e12, "bfloat16": 12.3e12})
+CPU_CORE_BYTES_PER_S: Final = 1.92e12
+#: A CPU whose cores were not reported is taken to have this many (more than any socket sold).
+CPU_CORES_UNKNOWN: Final = 512
+#: An accelerator not listed in :data:`PEAKS`: far above any sold (2026's largest reach about
+#: 5 PFLOP/s dense at 16 bits and 8 TB/s).
+UNLISTED_CEILING: Final = Peak(flops_per_s=50e15, bytes_per_s=1e15)
+
+
+def ceiling_of(chip_name: str, kind: str, cores: int | None, dtype: str) -> Peak:
+    """The rates no call on this chip can exceed, both figures always known: a listed chip's
+    published peak with :data:`LISTED_FLOPS_MARGIN` / :data:`LISTED_BYTES_MARGIN` (a figure it does
+    not publish: :data:`UNLISTED_CEILING`'s), a CPU's per-core bounds times its cores, else
+    :data:`UNLISTED_CEILING`. A time that implies more is not a measurement."""
+    if kind == "cpu":
+        count = cores if cores is not None and cores > 0 else CPU_CORES_UNKNOWN
+        per_core = CPU_CORE_FLOPS.get(dtype, max(CPU_CORE_FLOPS.values()))
+        return Peak(per_core * count, CPU_CORE_BYTES_PER_S * count)
+    peak = peak_of(chip_name, dtype)
+    if peak is None:
+        return UNLISTED_CEILING
+    flops = peak.flops_per_s * LISTED_FLOPS_MARGIN if peak.flops_per_s is not None else None
+    moved = peak.bytes_per_s * LISTED_BYTES_MARGIN if peak.bytes_per_s is not None else None
+    return Peak(
+        flops if flops is not None else UNLISTED_CEILING.flops_per_s,
+        moved if moved is not None else UNLISTED_CEILING.bytes_per_s,
+    )
+
+
+def fastest_possible_s(flops: float, bytes_moved: float, ceiling: Peak) -> float:
+    """The least time a call of ``flops`` and ``bytes_moved`` takes under ``ceiling``: the larger of
+    its compute and its traffic at the ceiling's rates (0 for a call that counts neither)."""
+    times = [
+        amount / rate
+        for amount, rate in ((flops, ceiling.flops_per_s), (bytes_moved, ceiling.bytes_per_s))
+        if amount > 0 and rate is not None and rate > 0
+    ]
+    return max(times, default=0.0)

@@ -34,7 +34,7 @@ from tiletune.service.dependencies import (
     SubmitterDep,
 )
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.views import job_public, sweep_public, sweep_summaries, trial_public
+from tiletune.service.views import job_public, lease_workers, sweep_public, sweep_summaries, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
 log = logging.getLogger(__name__)
@@ -140,4 +140,6 @@ def cancel_job(job_id: IdPath, protocol: ProtocolDep, caller: SubmitterDep) -> J
 def job_trials(job_id: IdPath, db: DatabaseDep, _reader: ReaderDep) -> list[TrialPublic]:
     """Every trial of the job with its outcome."""
     with db.read() as session:
-        return [trial_public(row) for row in jobs.trial_rows(session, job_id)]
+        workers = lease_workers(session, job_id)
+        rows = jobs.trial_rows(session, job_id)
+        return [trial_public(row, workers.get(row.lease_id) if row.lease_id else None) for row in rows]

@@ -64,6 +64,9 @@ TRANSITIONS: dict[tuple[JobState, Event], Transition] = {
     (JobState.RUNNING, Event.SEARCH_DONE): Transition(
         JobState.VALIDATING, "the search has nothing left to ask; one lease re-measures the finalists"
     ),
+    (JobState.VALIDATING, Event.CLAIMED): Transition(
+        JobState.VALIDATING, "a worker of its chip other than its leader leased it to confirm the pick"
+    ),
     (JobState.VALIDATING, Event.VALIDATED): Transition(
         JobState.DONE, "the interleaved validation run came back; its winner was promoted if it won"
     ),

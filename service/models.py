@@ -240,6 +240,10 @@ class JobRow(Base):
     failure_reasons: Mapped[list[str]]
     #: A job born ``skipped`` because a live job of its key tunes it: that job's id.
     tuned_by_job_id: Mapped[int | None] = mapped_column(Integer)
+    #: The worker whose search trial leads: it may not validate while another of the chip is online.
+    validation_excluded_worker_id: Mapped[int | None] = mapped_column(Integer)
+    #: Who measured the winner, who confirmed it, and whether they agree (``service.confirmation``).
+    confirmation: Mapped[JsonDict | None]
     default_config: Mapped[JsonDict | None]
     completed: Mapped[int] = mapped_column(Integer, default=0)
     invalid: Mapped[int] = mapped_column(Integer, default=0)

@@ -49,33 +49,35 @@ from tiletune.client.wire import (
     Task,
     TellCreate,
     TellPublic,
-    TrialOutcome,
     TrialState,
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service import configs, failpoints, fleet, jobs, lifecycle
+from tiletune.service import configs, confirmation, failpoints, fleet, jobs, lifecycle
 from tiletune.service.auth import Identity
-from tiletune.service.configs import JobKey, Winner
+from tiletune.service.configs import JobKey
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
 from tiletune.service.lifecycle import Event
 from tiletune.service.metrics import ServiceMetrics
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
+from tiletune.service.plausibility import checked, floor_of
 from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
-from tiletune.service.retune import revalidate
 from tiletune.service.searches import SearchHost
 from tiletune.service.specs import vendor_finalist
 from tiletune.service.trials import (
     asked_again,
     asked_trials,
     asked_under_leases_over,
+    check_outcome,
+    outcome_reason,
     record_outcome,
     validation_rows,
 )
+from tiletune.service.verdicts import settle
 from tiletune.service.views import job_public, worker_public
 from tiletune.service.warm_start import warm_start_configs
-from tiletune.tuner.search.finalists import Timing, finalists, judge
+from tiletune.tuner.search.finalists import finalists
 from tiletune.tuner.search.search import Search
 
 
@@ -190,9 +192,7 @@ class WorkerProtocol:
             if lifecycle.is_final(job.state):
                 return AskPublic(phase=AskPhase.DONE)
             if job.state == JobState.VALIDATING:
-                if job.validator_lease_id != lease.id:
-                    return AskPublic(phase=AskPhase.DONE)
-                return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
+                return self._validation_or_done(session, job, lease)
             again = asked_again(session, job, lease, set(holding), n)
             tasks = again + self._new_tasks(session, job, lease, n - len(again))
             if tasks:
@@ -204,8 +204,20 @@ class WorkerProtocol:
             if self._search(session, job).outstanding:
                 return AskPublic(phase=AskPhase.WAIT)
             lifecycle.move(job, Event.SEARCH_DONE, self.db.clock())
+            confirmation.await_confirmer(session, job)
+            return self._validation_or_done(session, job, lease)
+
+    def _validation_or_done(self, session: Session, job: JobRow, lease: LeaseRow) -> AskPublic:
+        """The validation run when ``lease`` validates ``job`` (taking it when none does and its
+        worker may: :func:`~tiletune.service.confirmation.may_validate`), else ``done``."""
+        online_s, now = self.queue.settings.lease_s, self.db.clock()
+        if job.validator_lease_id is None and confirmation.may_validate(
+            session, job, lease.worker_id, now, online_s
+        ):
             job.validator_lease_id = lease.id
-            return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
+        if job.validator_lease_id != lease.id:
+            return AskPublic(phase=AskPhase.DONE)
+        return AskPublic(phase=AskPhase.VALIDATE, validate_configs=self._finalists(session, job))
 
     def _new_tasks(self, session: Session, job: JobRow, lease: LeaseRow, n: int) -> list[Task]:
         """Up to ``n`` new configs from the job's search, recorded as trials asked under ``lease``."""
@@ -284,19 +296,20 @@ class WorkerProtocol:
         with self.searches.held(job_id), self.db.write() as session:
             lease, job = self.queue.fence(session, token, caller.token_id)
             search = self._search(session, job) if not lifecycle.is_final(job.state) else None
-            now = self.db.clock()
+            now, floor_ms = self.db.clock(), floor_of(session, job)
             numbers = [outcome.trial_id for outcome in request.outcomes]
             trials = asked_trials(session, job, lease, numbers)
-            for index, (outcome, trial) in enumerate(zip(request.outcomes, trials, strict=True)):
+            for index, (told, trial) in enumerate(zip(request.outcomes, trials, strict=True)):
                 if trial.state != TrialState.ASKED:
                     repeated += 1
                     continue
-                _check_outcome(outcome, index)
+                check_outcome(told, index)
+                outcome = checked(told, floor_ms)
                 record_outcome(job, trial, outcome, now)
                 outcomes.append(trial.state)
                 if search is not None:
                     time_ms = outcome.measurement.median_ms if outcome.measurement else None
-                    search.tell(trial.number or 0, time_ms, _reason(outcome))
+                    search.tell(trial.number or 0, time_ms, outcome_reason(outcome))
                 accepted += 1
             if accepted:
                 self.searches.changed(job)
@@ -321,42 +334,15 @@ class WorkerProtocol:
                     raise InvalidInputError(
                         "not one of the configs asked to validate", f"results[{index}].config"
                     )
+            floor_ms = floor_of(session, job)
+            checked_results = [checked(result, floor_ms) for result in request.results]
+            request = request.model_copy(update={"results": checked_results})
             rows = validation_rows(session, job, lease, request, self.db.clock())
-            measured = [(row, row.median_ms) for row in rows if row.median_ms is not None]
-            incumbent = configs.best_row(session, JobKey.of(job))
-            verdict = judge(
-                [Timing(row.config, ms, row.p90_ms, row.p10_ms, row.samples) for row, ms in measured],
-                job.default_config,
-                incumbent.config if incumbent is not None else None,
-                vendor_finalist(job.kernel),
-            )
-            if verdict is None:
+            software_id = self.queue.worker_of(session, lease).software_id
+            if not settle(session, job, lease, rows, software_id=software_id, now=self.db.clock()):
                 self.queue.end(session, lease, job, "validation: no config ran correctly", failed=True)
                 self.searches.forget(job.id)
                 return job_public(session, job)
-            winner_row = next(row for row, _ in measured if row.config == verdict.winner)
-            job.best_ms, job.best_config = verdict.winner_ms, verdict.winner
-            job.default_ms = verdict.default_ms if verdict.default_ms is not None else job.default_ms
-            if verdict.promote:
-                winner = Winner(
-                    shape=job.shape,
-                    config=verdict.winner,
-                    median_ms=verdict.winner_ms,
-                    default_config=job.default_config,
-                    default_ms=verdict.default_ms,
-                    job_id=job.id,
-                    trial_id=winner_row.id,
-                    software_id=self.queue.worker_of(session, lease).software_id,
-                )
-                configs.promote(session, JobKey.of(job), winner, self.db.clock())
-                session.flush()
-                failpoints.reach("complete.promoted")
-            elif incumbent is not None:  # the key's best won the run: measured with this software
-                software_id = self.queue.worker_of(session, lease).software_id
-                default_ms, now = verdict.default_ms, self.db.clock()
-                revalidate(
-                    session, incumbent, winner_row, software_id=software_id, default_ms=default_ms, now=now
-                )
             lifecycle.move(job, Event.VALIDATED, self.db.clock())
             self.queue.end(session, lease, job, "completed", failed=False)
             self.searches.forget(job.id)
@@ -434,17 +420,3 @@ class WorkerProtocol:
             ]
         for job_id in live:
             self.cancel_job(job_id, caller)
-
-
-def _check_outcome(outcome: TrialOutcome, index: int) -> None:
-    given = [outcome.measurement is not None, outcome.invalid is not None, outcome.error is not None]
-    if sum(given) != 1:
-        raise InvalidInputError(
-            "give exactly one of measurement, invalid or error", field=f"outcomes[{index}]"
-        )
-
-
-def _reason(outcome: TrialOutcome) -> str | None:
-    if outcome.invalid is not None:
-        return f"invalid on the worker: {outcome.invalid}"
-    return outcome.error

@@ -4,16 +4,18 @@ A repository: every method takes the caller's session and never commits (see
 :mod:`tiletune.service.database`). Contract (one suite of tests runs it on SQLite and
 PostgreSQL, through the worker protocol):
 
-- ``claim(session, worker, skipped)`` gives the worker the oldest job its chip and backends
-  can run (a ``queued`` job for its chip or for any chip, or a ``running`` job of its chip
-  with room for another worker) and returns the lease, or ``None``; ``Missed.RACE`` when another
-  claimer won the race or the job turned out tuned already. Claims are a compare-and-set on
-  the job's ``active_leases`` (and its backend), so two workers never both take the last place
-  on a job; PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so concurrent claimers do
-  not wait on each other. A job of any chip binds to the chip that first leases it; a job that
-  names no backend binds to the one that lease chooses (:mod:`tiletune.service.backends`: the
-  worker's preferred implementation of the kernel), stored on the job, so every later lease,
-  trial and result of the job is of that backend, and only workers offering it lease it again.
+- ``claim(session, worker, skipped)`` gives the worker the oldest job its chip and backends can
+  run (a ``queued`` job for its chip or for any chip, a ``running`` job of its chip with room for
+  another worker, or a ``validating`` job of its chip waiting for a worker other than its leader
+  to confirm it: :mod:`tiletune.service.confirmation`) and returns the lease, or ``None``;
+  ``Missed.RACE`` when another claimer won the race or the job turned out tuned already. Claims
+  are a compare-and-set on the job's ``active_leases`` (and its backend), so two workers never
+  both take the last place on a job; PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so
+  concurrent claimers do not wait on each other. A job of any chip binds to the chip that first
+  leases it; a job that names no backend binds to the one that lease chooses
+  (:mod:`tiletune.service.backends`: the worker's preferred implementation of the kernel), stored
+  on the job, so every later lease, trial and result of the job is of that backend, and only
+  workers offering it lease it again.
 - ``fence(session, token, holder)`` returns the lease and its job for a write, or raises
   :class:`~tiletune.service.errors.LeaseLostError`: the lease is unknown, ended, or past
   ``expires_at`` by the clock (even before it is reaped); a lease whose worker another token
@@ -42,6 +44,7 @@ from tiletune.client.wire import ANY_CHIP, JobState
 from tiletune.service import lifecycle
 from tiletune.service.backends import Offer, chosen_backend, offered_backends, runnable
 from tiletune.service.configs import JobKey, tuned_on_software
+from tiletune.service.confirmation import awaiting_confirmer
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, LeaseLostError
 from tiletune.service.fleet import chip_limits
@@ -99,6 +102,7 @@ class JobQueue:
             (JobRow.state == JobState.RUNNING)
             & (JobRow.chip_id == chip_id)
             & (JobRow.active_leases < JobRow.workers_per_job),
+            (JobRow.chip_id == chip_id) & awaiting_confirmer(worker, self.db.clock(), self.settings.lease_s),
         )
         query = select(JobRow).where(
             open_job,

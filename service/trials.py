@@ -143,3 +143,19 @@ def asked_under_leases_over(session: Session, job: JobRow, now: datetime) -> boo
         .limit(1)
     )
     return session.scalar(query) is not None
+
+
+def check_outcome(outcome: TrialOutcome, index: int) -> None:
+    """Refuse an outcome that is not exactly one of a measurement, ``invalid`` or ``error``."""
+    given = [outcome.measurement is not None, outcome.invalid is not None, outcome.error is not None]
+    if sum(given) != 1:
+        raise InvalidInputError(
+            "give exactly one of measurement, invalid or error", field=f"outcomes[{index}]"
+        )
+
+
+def outcome_reason(outcome: TrialOutcome) -> str | None:
+    """Why an outcome has no time, as the search records it (``None`` for a measurement)."""
+    if outcome.invalid is not None:
+        return f"invalid on the worker: {outcome.invalid}"
+    return outcome.error

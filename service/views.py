@@ -17,6 +17,7 @@ from tiletune.client.wire import (
     BestConfigPublic,
     ConditionsPublic,
     HistoryPoint,
+    JobConfirmation,
     JobProgress,
     JobPublic,
     SweepPublic,
@@ -30,6 +31,7 @@ from tiletune.service.models import (
     BestConfigRow,
     ChipRow,
     JobRow,
+    LeaseRow,
     PromotionRow,
     SoftwareRow,
     SweepRow,
@@ -71,6 +73,7 @@ def job_public(session: Session, job: JobRow) -> JobPublic:
         created_at=aware(job.created_at),
         updated_at=aware(job.updated_at),
         tuned_by=job.tuned_by_job_id,
+        confirmation=JobConfirmation.model_validate(job.confirmation) if job.confirmation else None,
     )
 
 
@@ -174,8 +177,8 @@ def history_point(session: Session, row: PromotionRow, chip: str) -> HistoryPoin
     )
 
 
-def trial_public(row: TrialRow) -> TrialPublic:
-    """One trial with its outcome."""
+def trial_public(row: TrialRow, worker: str | None = None) -> TrialPublic:
+    """One trial with its outcome, and the name of the worker that measured it."""
     return TrialPublic(
         id=row.id,
         number=row.number,
@@ -190,7 +193,18 @@ def trial_public(row: TrialRow) -> TrialPublic:
         asked_at=aware(row.asked_at),
         told_at=aware(row.told_at) if row.told_at is not None else None,
         conditions=ConditionsPublic.model_validate(row.conditions) if row.conditions else None,
+        worker=worker,
     )
+
+
+def lease_workers(session: Session, job_id: int) -> dict[int, str]:
+    """The name of the worker of each lease of a job, by lease id."""
+    rows = session.execute(
+        select(LeaseRow.id, WorkerRow.name)
+        .join(WorkerRow, WorkerRow.id == LeaseRow.worker_id)
+        .where(LeaseRow.job_id == job_id)
+    )
+    return {row.id: row.name for row in rows}
 
 
 def worker_public(worker: WorkerRow, chip: ChipRow, software: dict[str, str | None]) -> WorkerPublic:

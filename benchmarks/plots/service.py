@@ -1,4 +1,5 @@
-"""What the service costs a tuning job: ``service_overhead`` and ``replay_worker_cost``."""
+"""What the service costs a tuning job (``service_overhead``, ``replay_worker_cost``), and how far
+two workers agree (``worker_agreement``)."""
 
 from __future__ import annotations
 
@@ -83,5 +84,34 @@ def plot_replay_worker_cost(document: dict[str, Any]) -> Figure:
     axis.set_xlim(0, max(values) * 1.2)
     axis.grid(True, axis="x", alpha=0.3)
     axis.set_title(title, fontsize=10)
+    figure.tight_layout()
+    return figure
+
+
+def plot_worker_agreement(document: dict[str, Any]) -> Figure:
+    """Each pair's ratio (one worker's validation time over the other's search time of one config),
+    by kernel, on a log axis, against the agreement ratio either way."""
+    pairs: list[dict[str, Any]] = document["pairs"]
+    limit = document["agreement_ratio"]
+    kernels = sorted({pair["kernel"] for pair in pairs})
+    figure, axis = plt.subplots(figsize=(9, 4.2))
+    for index, kernel in enumerate(kernels):
+        ratios = [pair["ratio"] for pair in pairs if pair["kernel"] == kernel]
+        jitter = np.linspace(-0.15, 0.15, len(ratios)) if len(ratios) > 1 else np.zeros(1)
+        axis.plot(index + jitter, ratios, marker="o", linestyle="none", alpha=0.7, label=kernel)
+    for bound in (limit, 1 / limit):
+        axis.axhline(bound, color="tab:red", linestyle=":")
+    axis.axhline(1.0, color="black", linewidth=0.8)
+    axis.set_yscale("log")
+    axis.set_xticks(range(len(kernels)), kernels)
+    axis.set_ylabel("validation ÷ search median (two workers, one config)")
+    axis.grid(True, axis="y", alpha=0.3)
+    summary = document["summary"]
+    axis.set_title(
+        f"Two honest workers of one CPU: {summary.get('pairs', 0)} pairs, disagreement median "
+        f"{summary.get('median', float('nan')):.2f}×, worst {summary.get('worst', float('nan')):.2f}×; "
+        f"agreement ratio {limit:g}× (dotted)",
+        fontsize=10,
+    )
     figure.tight_layout()
     return figure

@@ -37,7 +37,7 @@ OUR_TABLES = set(Base.metadata.tables)
 FOREIGN_TABLES = {"studies", "alembic_version"}
 OPTUNA_VERSION = "v3.2.0.a"
 #: The newest revision.
-HEAD = "0013"
+HEAD = "0014"
 WRITE_VERBS = ("CREATE", "ALTER", "DROP", "INSERT", "UPDATE", "DELETE")
 
 

@@ -175,12 +175,27 @@ def test_a_key_with_a_live_job_is_not_queued_again(serve: Serve) -> None:
     assert sorted(retuned(client)) == [1024, 2048]
 
 
-def validate(client: TestClient, token: str, times_ms: Callable[[dict[str, int]], float]) -> dict[str, Any]:
-    """Search until validation (synthetic times), then report the validation run at ``times_ms``."""
+def validate(
+    client: TestClient,
+    token: str,
+    times_ms: Callable[[dict[str, int]], float],
+    confirmer: int | None = None,
+) -> dict[str, Any]:
+    """Search until validation (synthetic times), then report the validation run at ``times_ms``.
+
+    With a ``confirmer`` (another worker of the leader's software, online), the leader is told
+    ``done`` when the search ends: it releases, and the confirmer leases the job and validates."""
     while True:
         answer = client.post("/v1/lease/ask", headers=held(token), params={"n": 2}).json()
         if answer["phase"] == "search":
             tell(client, token, answer["tasks"])
+            continue
+        if confirmer is not None and answer["phase"] == "done":
+            released = client.post("/v1/lease/release", headers=held(token), json={"reason": "job done"})
+            assert released.status_code == 200, released.text
+            confirming = lease(client, confirmer)
+            assert confirming is not None
+            token, confirmer = confirming["token"], None
             continue
         assert answer["phase"] == "validate", answer
         finalists = answer["validate_configs"]
@@ -273,13 +288,16 @@ def assert_current(client: TestClient, n: int, job_id: int) -> None:
 
 def test_a_worker_with_older_software_revalidates_nothing(serve: Serve) -> None:
     client = serve(retune_budget=1)
-    register(client, OLD)
+    first = register(client, OLD)
     promote_all(client, [1024])
     register(client, NEW)
     straggler = register(client, OLD)  # a worker not upgraded yet takes the re-tuning job
     held_lease = lease(client, straggler)
     assert held_lease is not None
-    done = validate(client, held_lease["token"], lambda c: 1.0 if c == incumbent(1024) else 2.0)
+    # the first worker has the straggler's software: it confirms the straggler's pick
+    times = lambda c: 1.0 if c == incumbent(1024) else 2.0  # noqa: E731
+    done = validate(client, held_lease["token"], times, confirmer=first)
+    assert done["confirmation"]["confirmed_by"] == "w"
     assert done["state"] == "done"
     kept = look_up(client, 1024)
     assert kept["config"] == incumbent(1024)
