@@ -113,9 +113,11 @@ def wait_until_up(url: str, process: subprocess.Popen[bytes], log: Path, timeout
 
 
 def start_server(folder: Path, db_url: str, port: int, core: int) -> subprocess.Popen[bytes]:
-    """``tiletune server`` on one core, its admin token :data:`TOKEN`, once ``/healthz`` answers."""
+    """``tiletune server`` on one core, its admin token :data:`TOKEN`, once ``/healthz`` answers; the
+    sweeps of the mixed load unlimited (``TILETUNE_SWEEPS_PER_S=0``: its cost is measured, not its limit)."""
     tiletune = str(Path(sys.executable).parent / "tiletune")
     env = {**os.environ, "TILETUNE_ADMIN_TOKEN": TOKEN, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env["TILETUNE_SWEEPS_PER_S"] = "0"
     env.pop("TILETUNE_SERVER", None)
     log = folder / "server.log"
     command = pinned(core, [tiletune, "server", "--db", db_url, "--port", str(port)])

@@ -89,6 +89,10 @@ DEFAULT_TIMEOUT_S = 30.0
 DEFAULT_DEADLINE_S = 120.0
 #: The status of a server whose database is away for now: always retried.
 SERVICE_UNAVAILABLE = 503
+#: The status of a server whose database's disk is full (nothing written): retried as a 503.
+STORAGE_FULL = 507
+#: The 5xx statuses that say the server is unable for now, not failing on the request.
+WAIT_STATUSES = (SERVICE_UNAVAILABLE, STORAGE_FULL)
 
 
 class StopRequestedError(Exception):
@@ -120,10 +124,10 @@ class Retry:
 
     ``attempts`` ``None``: until it succeeds or ``stopping`` is set. ``sleep`` waits
     between attempts (default: an interruptible wait on ``stopping``). ``max_server_errors``:
-    consecutive 5xx answers other than 503 after which a call gives up and raises the last
+    consecutive 5xx answers other than 503 and 507 after which a call gives up and raises the last
     :class:`ServerRefusedError` (a request the server fails on every time is no outage;
-    ``None``: retry those too). A 503 (the server's database is away) and no answer at all
-    are always retried.
+    ``None``: retry those too). A 503 (the server's database is away), a 507 (its disk is full)
+    and no answer at all are always retried.
     """
 
     backoff: Backoff = field(default_factory=Backoff)
@@ -238,7 +242,7 @@ class ServiceApi:
                 if fault is None:
                     raise
                 failures += 1
-                if isinstance(error, ServerRefusedError) and error.status != SERVICE_UNAVAILABLE:
+                if isinstance(error, ServerRefusedError) and error.status not in WAIT_STATUSES:
                     server_errors += 1
                 if limit is not None and failures >= limit:
                     raise

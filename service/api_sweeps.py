@@ -32,8 +32,9 @@ from tiletune.service.dependencies import (
     ReaderDep,
     SettingsDep,
     SubmitterDep,
+    SweepLimitDep,
 )
-from tiletune.service.errors import InvalidInputError
+from tiletune.service.errors import InvalidInputError, RateLimitedError
 from tiletune.service.views import job_public, lease_workers, sweep_public, sweep_summaries, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])
@@ -54,9 +55,11 @@ IdempotencyKey = Annotated[
 @router.post("/sweeps", status_code=201)
 def submit_sweep(
     sweep: SweepCreate,
+    *,
     db: DatabaseDep,
     settings: SettingsDep,
     caller: SubmitterDep,
+    limit: SweepLimitDep,
     idempotency_key: IdempotencyKey = None,
 ) -> SweepPublic:
     """Queue one job per (shape, dtype, chip) of the sweep; keys already tuned, or tuned by another
@@ -64,7 +67,10 @@ def submit_sweep(
 
     ``Idempotency-Key`` (optional): the same key from the same token with the same request answers
     the first sweep, as it is now, and writes nothing (a retry after a lost response makes no
-    second sweep); the same key with another request is a 409."""
+    second sweep); the same key with another request is a 409. Each token submits at most
+    ``TILETUNE_SWEEPS_PER_S`` sweeps a second, in bursts of ``TILETUNE_SWEEP_BURST`` (429 beyond)."""
+    if not limit.allow(caller.token_id):
+        raise RateLimitedError("too many sweeps from this token; try again later", limit.retry_after_s())
     planned = jobs.plan_sweep(sweep, settings.max_jobs_per_sweep, settings.max_shape_bytes)
     with db.write() as session:
         created = jobs.create_sweep(

@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -40,10 +40,10 @@ from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, ap
 from tiletune.service.auth import Identity, Tokens
 from tiletune.service.bodies import BodyGuard
 from tiletune.service.body_json import error_field_and_message, not_json_message
-from tiletune.service.database import Clock, Database, is_sqlite, make_engine, make_sessions
+from tiletune.service.database import Clock, Database, disk_full, is_sqlite, make_engine, make_sessions
 from tiletune.service.demand import MissPolicy
 from tiletune.service.dependencies import authenticate
-from tiletune.service.errors import ServiceError, UnavailableError, error_headers
+from tiletune.service.errors import ServiceError, StorageFullError, UnavailableError, error_headers
 from tiletune.service.metrics import RequestTimer, ServiceMetrics
 from tiletune.service.misses import Misses
 from tiletune.service.protocol import WorkerProtocol
@@ -73,6 +73,7 @@ ERRORS = {
     429: "too many requests of this kind from this token, or failed authentications from this "
     "address (see Retry-After)",
     503: "the database cannot be reached now (database_unavailable; see Retry-After)",
+    507: "the database's disk is full: nothing was written (storage_full; see Retry-After)",
 }
 
 #: Seconds a 503 ``database_unavailable`` asks callers to wait before trying again.
@@ -102,6 +103,8 @@ class Services:
     retune: Retuner
     #: The store's clock, when the app reads it (no clock injected); re-measured by the reaper.
     store_clock: StoreClock | None = None
+    #: Sweeps by token (``TILETUNE_SWEEPS_PER_S``, ``TILETUNE_SWEEP_BURST``).
+    sweep_limit: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
 
 
 def build_services(settings: Settings, clock: Clock | None = None) -> Services:
@@ -161,6 +164,7 @@ def build_services(settings: Settings, clock: Clock | None = None) -> Services:
         RateLimiter(settings.auth_failures_per_s, settings.auth_failure_burst),
         Retuner(db, read_side.usage, retune),
         store_clock,
+        sweep_limit=RateLimiter(settings.sweeps_per_s, settings.sweep_burst),
     )
 
 
@@ -339,11 +343,19 @@ async def _internal_error(request: Request, error: Exception) -> Response:
 
 
 async def _database_error(request: Request, error: Exception) -> Response:
-    """A database that went away (connection refused or dropped, pool exhausted, SQLite locked): 503.
+    """A database that went away (connection refused or dropped, pool exhausted, SQLite locked): 503;
+    one whose disk is full (:func:`~tiletune.service.database.disk_full`): 507 ``storage_full``.
 
     Only connection-level faults come here: an integrity or programming error is a bug (500).
     The message names no URL or credential; the pool's pre-ping replaces dead connections.
     """
+    if disk_full(error):
+        log.error("the database's disk is full (%s %s): nothing written", request.method, request.url.path)
+        full = StorageFullError(
+            "the database's disk is full: nothing was written; free space on it, then try again",
+            DATABASE_RETRY_AFTER_S,
+        )
+        return await _service_error(request, full)
     log.warning("database unavailable for %s %s: %s", request.method, request.url.path, type(error).__name__)
     unavailable = UnavailableError("the database cannot be reached now; try again", DATABASE_RETRY_AFTER_S)
     return await _service_error(request, unavailable)

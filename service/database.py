@@ -146,6 +146,29 @@ class Database:
             yield session
 
 
+#: SQLite's result code for a full disk (``SQLITE_FULL``), and PostgreSQL's SQLSTATE (``disk_full``).
+SQLITE_FULL = 13
+POSTGRES_DISK_FULL = "53100"
+
+
+def disk_full(error: BaseException) -> bool:
+    """True when a database error, or one it was raised during, says the disk is full (SQLite's
+    ``SQLITE_FULL``, which ``max_page_count`` raises too; PostgreSQL's ``53100``). SQLite rolls a
+    full transaction back itself, so the error raised may be a savepoint's that no longer exists,
+    during the full disk's."""
+    seen: BaseException | None = error
+    for _ in range(8):  # a chain is short; a loop in one never hangs
+        if seen is None:
+            return False
+        cause = getattr(seen, "orig", None)
+        if getattr(cause, "sqlite_errorcode", None) == SQLITE_FULL:
+            return True
+        if getattr(cause, "sqlstate", None) == POSTGRES_DISK_FULL:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 def configs_changed(session: Session) -> None:
     """Mark ``session``'s transaction as one that changes best configs (see :class:`Database`)."""
     session.info[CONFIGS_CHANGED] = True

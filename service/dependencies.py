@@ -69,6 +69,11 @@ async def _miss_limit(request: Request) -> RateLimiter:
     return limit
 
 
+async def _sweep_limit(request: Request) -> RateLimiter:
+    limit: RateLimiter = request.app.state.services.sweep_limit
+    return limit
+
+
 async def authenticate(tokens: Tokens, failures: RateLimiter, secret: str, address: str) -> Identity:
     """The identity of a presented token, failed authentications limited per client address.
 
@@ -159,6 +164,7 @@ ReadsDep = Annotated[Reads, Depends(_reads)]
 SettingsDep = Annotated[Settings, Depends(_settings)]
 TokensDep = Annotated[Tokens, Depends(_tokens)]
 MissLimitDep = Annotated[RateLimiter, Depends(_miss_limit)]
+SweepLimitDep = Annotated[RateLimiter, Depends(_sweep_limit)]
 #: Anyone when reads are open, else any valid token.
 ReaderDep = Annotated[Identity, Depends(_reader)]
 #: Any valid token, even when reads are open (writes such as miss reports).

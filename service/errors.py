@@ -76,6 +76,13 @@ class UnavailableError(ServiceError):
         self.retry_after_s = retry_after_s
 
 
+class StorageFullError(UnavailableError):
+    """The database's disk is full: nothing was written (507); ``retry_after_s`` as a 503's."""
+
+    status = 507
+    code = "storage_full"
+
+
 class RateLimitedError(ServiceError):
     """The caller sent more than its share; ``retry_after_s`` says when to try again (429)."""
 
@@ -89,7 +96,7 @@ class RateLimitedError(ServiceError):
 
 def error_headers(error: ServiceError) -> dict[str, str]:
     """The headers an error's answer carries: ``WWW-Authenticate: Bearer`` on a 401, ``Retry-After``
-    (whole seconds, at least 1) on a 429 or a 503."""
+    (whole seconds, at least 1) on a 429, a 503 or a 507."""
     if isinstance(error, UnauthorizedError):
         return {"WWW-Authenticate": "Bearer"}
     if isinstance(error, RateLimitedError | UnavailableError):

@@ -7,7 +7,8 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
   fingerprint beside it. A chip is created only with :class:`ChipRights` ``create``
   (workers' tokens, where the settings allow), and an existing chip's kind or limits change
   only with ``change`` (an admin's): anyone else gets 403 and nothing changes. The any-chip
-  marker ``*`` is no chip's name;
+  marker ``*`` is no chip's name, and a new name that differs from a registered one only in
+  case or spaces (:func:`look_alike_key`) is 409: look-alike names name one chip;
 - :func:`touch_worker` finds a worker of the caller's token and marks it seen (every lease
   call does); another token's worker is 403;
 - :func:`hold_to_chip` keeps a worker token to one chip: the one named when it was created, else
@@ -31,7 +32,7 @@ from sqlalchemy.orm import Session
 from tiletune.client.wire import ANY_CHIP, ChipWire, ListedWorkerPublic, WorkerCreate, software_text
 from tiletune.kernels import DeviceLimits
 from tiletune.service.database import aware
-from tiletune.service.errors import ForbiddenError, InvalidInputError, NotFoundError
+from tiletune.service.errors import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 from tiletune.service.models import ChipRow, LeaseRow, SoftwareRow, TokenRow, WorkerRow
 
 #: The refusal of a worker token's call for a chip other than its own: it names neither chip.
@@ -115,6 +116,23 @@ def _limits(chip: ChipRow) -> tuple[str, int, int, int, int | None]:
     return (chip.kind, chip.local_memory_bytes, chip.max_buffer_num, chip.alignment_bytes, chip.cores)
 
 
+def look_alike_key(name: str) -> str:
+    """What two chip names that look alike share: each ``/``-part case-folded, its spaces collapsed."""
+    return "/".join(" ".join(part.casefold().split()) for part in name.split("/"))
+
+
+def _refuse_look_alike(session: Session, name: str) -> None:
+    """Refuse a new chip name that differs from a registered one only in case or spaces (409)."""
+    key = look_alike_key(name)
+    for registered in session.scalars(select(ChipRow.name)):
+        if look_alike_key(registered) == key:
+            raise ConflictError(
+                f"chip name {name!r} differs from the registered {registered!r} only in case or spaces: "
+                f"names that look alike name one chip; register as {registered!r}",
+                field="chip.name",
+            )
+
+
 def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRights) -> ChipRow:
     """The chip of ``wire``, created or changed as ``rights`` allow.
 
@@ -132,6 +150,7 @@ def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRi
     if chip is None:
         if not rights.create:
             raise ForbiddenError(f"no chip {wire.name!r} is registered; an admin registers new chips", "chip")
+        _refuse_look_alike(session, wire.name)
         chip = ChipRow(name=wire.name, created_at=now)
         session.add(chip)
     elif _limits(chip) == wanted:

@@ -48,6 +48,7 @@ other labels closed vocabularies.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -74,6 +75,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from tiletune.service import configs
 from tiletune.service.database import Database, aware, is_sqlite, make_engine
 from tiletune.service.models import WorkerRow
+from tiletune.service.request_ids import RequestOutcome
 
 log = logging.getLogger(__name__)
 
@@ -312,7 +314,9 @@ class RequestTimer:
     """Pure ASGI middleware: every HTTP request's latency into ``tiletune_request_seconds``.
 
     The route label is the matched route's template (Starlette sets ``scope["route"]``), so no
-    path parameter (an id, a lease token) or query string reaches a label.
+    path parameter (an id, a lease token) or query string reaches a label. A request whose client
+    went away before its answer is status 499
+    (:class:`~tiletune.service.request_ids.RequestOutcome`), never a 500.
     """
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
@@ -324,17 +328,19 @@ class RequestTimer:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
-        status = 500
+        outcome = RequestOutcome(receive)
 
         async def timed_send(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
+            outcome.saw(message)
             await send(message)
 
         try:
-            await self.app(scope, receive, timed_send)
+            await self.app(scope, outcome.receive, timed_send)
+        except asyncio.CancelledError:
+            outcome.went_away()
+            raise
         finally:
+            status = outcome.status
             route = getattr(scope.get("route"), "path", None) or "unmatched"
             self.metrics.requests.labels(route, scope["method"], str(status)).observe(
                 time.perf_counter() - started

@@ -13,7 +13,9 @@ characters of ``A-Z a-z 0-9 . _ -``), else a new one (32 hex digits, a random UU
 - in the request's access line, written here on the ``tiletune.access`` logger (INFO) once the
   answer is sent: ``CLIENT - "METHOD PATH" STATUS DURATION ms``, with the same values as the
   record's attributes :data:`ACCESS_FIELDS` (the JSON format writes them as fields). The path
-  is sent without its query string, percent-encoded; no header is ever logged.
+  is written without its query string, percent-encoded, each segment that may be a secret
+  replaced (:func:`logged_path`); no header is ever logged. A request whose client went away
+  before its answer is status 499 (:class:`RequestOutcome`), never a 500.
 
 Messages pass through unchanged, one at a time: streamed answers and the body limits of
 :mod:`tiletune.service.bodies` work as without it.
@@ -21,6 +23,7 @@ Messages pass through unchanged, one at a time: streamed answers and the body li
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -35,6 +38,8 @@ if TYPE_CHECKING:  # no Starlette at run time: the command line's logs import th
     from starlette.types import ASGIApp, Message, Receive, Scope, Send
 MAX_REQUEST_ID_CHARS = 128
 ACCESS_LOGGER = "tiletune.access"
+#: The status of a request whose client went away before its answer (nginx's).
+CLIENT_CLOSED = 499
 #: What an access line's record carries besides its message (and ``request_id``).
 ACCESS_FIELDS = ("method", "path", "status", "duration_ms", "client")
 
@@ -42,6 +47,11 @@ _SANE_ID = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_REQUEST_ID_CHARS}}}")
 _HEADER_KEY = REQUEST_ID_HEADER.lower().encode("latin-1")
 #: The characters of a path written as they are (others are percent-encoded: no line breaks).
 _PATH_SAFE = "/:@!$&'()*+,;=-._~"
+#: A path segment that may be a secret, logged as :data:`REDACTED`: a token (``tt_...``), or 20 or
+#: more URL-safe characters with an upper-case letter (a lease token, as earlier workers put it in
+#: their paths: ``/v1/leases/TOKEN/heartbeat``; the API's own segments are lower-case).
+_SECRET_SEGMENT = re.compile(r"tt_.*|(?=.{20,})(?=.*[A-Z])[A-Za-z0-9_-]+")
+REDACTED = "REDACTED"
 
 #: The id of the request being handled in this context (``None`` outside a request).
 current_request_id: ContextVar[str | None] = ContextVar("tiletune_request_id", default=None)
@@ -74,6 +84,37 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class RequestOutcome:
+    """What became of one request, as a middleware sees it: pass :meth:`receive` on as the app's
+    ``receive``, show :meth:`saw` each message sent (and call :meth:`went_away` when cancelled),
+    then read :attr:`status`: the answer's, :data:`CLIENT_CLOSED` when the client went away before
+    an answer or before anything but a 500 (reading a body that never came), else 500."""
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self.answered: int | None = None
+        self.disconnected = False
+
+    async def receive(self) -> Message:
+        message = await self._receive()
+        if message["type"] == "http.disconnect":
+            self.disconnected = True
+        return message
+
+    def saw(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.answered = int(message["status"])
+
+    def went_away(self) -> None:
+        self.disconnected = True
+
+    @property
+    def status(self) -> int:
+        if self.disconnected and (self.answered is None or self.answered >= 500):
+            return CLIENT_CLOSED
+        return self.answered if self.answered is not None else 500
+
+
 class RequestIds:
     """Pure ASGI middleware: the request id and the access line (see the module docstring)."""
 
@@ -87,21 +128,23 @@ class RequestIds:
         request_id = request_id_of(_header(scope, _HEADER_KEY))
         token = current_request_id.set(request_id)
         started = time.perf_counter()
-        status = 500  # unless an answer starts: the app raised before answering
+        outcome = RequestOutcome(receive)
 
         async def send_with_id(message: Message) -> None:
-            nonlocal status
+            outcome.saw(message)
             if message["type"] == "http.response.start":
-                status = int(message["status"])
                 headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != _HEADER_KEY]
                 headers.append((_HEADER_KEY, request_id.encode("latin-1")))
                 message = {**message, "headers": headers}
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_id)
+            await self.app(scope, outcome.receive, send_with_id)
+        except asyncio.CancelledError:
+            outcome.went_away()
+            raise
         finally:
-            _log_access(scope, status, (time.perf_counter() - started) * 1000.0)
+            _log_access(scope, outcome.status, (time.perf_counter() - started) * 1000.0)
         current_request_id.reset(token)  # only after a normal end (see the module docstring)
 
 
@@ -113,13 +156,18 @@ def _header(scope: Scope, key: bytes) -> str | None:
     return None
 
 
+def logged_path(path: str) -> str:
+    """``path`` with each segment that may be a secret replaced by :data:`REDACTED`."""
+    return "/".join(REDACTED if _SECRET_SEGMENT.fullmatch(part) else part for part in path.split("/"))
+
+
 def _log_access(scope: Scope, status: int, duration_ms: float) -> None:
     """The request's access line (see the module docstring)."""
     if not access_log.isEnabledFor(logging.INFO):
         return
     client = scope.get("client")
     address = f"{client[0]}:{client[1]}" if client else "-"
-    path = quote(scope.get("path", ""), safe=_PATH_SAFE)
+    path = quote(logged_path(scope.get("path", "")), safe=_PATH_SAFE)
     method = str(scope.get("method", ""))
     fields = {
         "method": method,

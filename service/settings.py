@@ -75,6 +75,8 @@ class Settings(BaseSettings):
       the connection closed beyond; see ``tiletune.service.bodies``, which also caps each
       route's body under ``max_body_bytes``); ``head_timeout_s``: how long a connection may
       take to send a request's head (closed beyond; ``tiletune server`` only);
+    - ``sweeps_per_s`` and ``sweep_burst``: the sweeps each token may submit (429 ``rate_limited``
+      beyond; 0: no limit); a retry with the same ``Idempotency-Key`` counts too;
     - ``auth_failures_per_s`` and ``auth_failure_burst``: the failed authentications (unknown
       or revoked tokens) each client address may make (429 ``rate_limited`` beyond, before
       the token is looked up; 0: no limit);
@@ -112,6 +114,8 @@ class Settings(BaseSettings):
     public_url: str | None = Field(default=None, max_length=2000)
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)
     head_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    sweeps_per_s: float = Field(default=1.0, ge=0)
+    sweep_burst: int = Field(default=60, ge=1)
     auth_failures_per_s: float = Field(default=1.0, ge=0)
     auth_failure_burst: int = Field(default=60, ge=1)
     otel: bool | None = None

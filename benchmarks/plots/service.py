@@ -9,6 +9,7 @@ from typing import Any
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 
 #: ``service_overhead``'s goal: the job through the service within this ratio of the job run locally.
 SERVICE_OVER_LOCAL_GOAL = 1.10
@@ -103,6 +104,9 @@ def plot_worker_agreement(document: dict[str, Any]) -> Figure:
         axis.axhline(bound, color="tab:red", linestyle=":")
     axis.axhline(1.0, color="black", linewidth=0.8)
     axis.set_yscale("log")
+    ticks = [0.5, 0.67, 0.8, 1.0, 1.25, 1.5, 2.0]
+    axis.set_yticks(ticks, [f"{tick:g}×" for tick in ticks])
+    axis.yaxis.set_minor_locator(NullLocator())
     axis.set_xticks(range(len(kernels)), kernels)
     axis.set_ylabel("validation ÷ search median (two workers, one config)")
     axis.grid(True, axis="y", alpha=0.3)

@@ -73,6 +73,7 @@ _HEADER_COLUMNS = (
     JobRow.default_config,
     JobRow.failure_reasons,
     JobRow.tuned_by_job_id,
+    JobRow.confirmation,
     JobRow.created_at,
     JobRow.updated_at,
     JobRow.finished_at,

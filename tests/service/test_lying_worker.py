@@ -103,6 +103,7 @@ def test_a_liars_pick_is_refused_or_confirmed_by_another_worker_before_it_is_pro
 
             job = _job_when_done(admin, job_id)
             trials = admin.get(f"/v1/jobs/{job_id}/trials").json()
+            page = admin.get(f"/jobs/{job_id}").text
             best = admin.get(
                 "/v1/configs/add",
                 params={"shape": f"n={N}", "dtype": "float32", "chip": chip, "match": "exact"},
@@ -118,6 +119,7 @@ def test_a_liars_pick_is_refused_or_confirmed_by_another_worker_before_it_is_pro
     assert refused[0]["state"] == "failed"
     confirmation = job["confirmation"]
     assert confirmation["confirmed_by"] == "honest", confirmation
+    assert "confirmed by <b>honest</b>" in page
     assert "liar" in confirmation["measured_by"] or confirmation["search_ms"] is None, confirmation
     validated = [trial for trial in trials if trial["phase"] == "validate"]
     assert validated

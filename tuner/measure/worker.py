@@ -35,11 +35,11 @@ Guarantees:
   A job this worker cannot run (unknown kernel, another kernel version, a missing backend, a bad
   shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
   unexpected error.
-- Server away (connection errors, timeouts, 503 ``database_unavailable``): every call is retried
-  with capped exponential backoff (:class:`~tiletune.client.api.Backoff`, through the REST
-  client's :class:`~tiletune.client.api.Retry`), each failure logged; the worker never crashes
-  for it. Retrying a ``tell`` is safe: the server counts a trial once.
-- A job the server keeps failing on (``MAX_SERVER_ERRORS`` consecutive 5xx other than 503 on one
+- Server away (connection errors, timeouts, 503 ``database_unavailable``, 507 ``storage_full``):
+  every call is retried with capped exponential backoff (:class:`~tiletune.client.api.Backoff`,
+  through the REST client's :class:`~tiletune.client.api.Retry`), each failure logged; the
+  worker never crashes for it. Retrying a ``tell`` is safe: the server counts a trial once.
+- A job the server keeps failing on (``MAX_SERVER_ERRORS`` consecutive 5xx other than 503/507 on one
   call of the job): the lease is released as failed with the server's message (the job fails
   after the server's lease-failure limit) and the worker goes on to other jobs; 5xx on leasing
   or registering are retried after ``poll_s``.
