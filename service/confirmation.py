@@ -7,10 +7,10 @@
   software (times of other software are not comparable, and a promotion is stamped with the
   validator's) to lease it (:func:`awaiting_confirmer`, among the queue's candidates).
 - A chip with one such worker cannot confirm: the leader validates when no other worker of its
-  software that can run the job is online (asked for a lease within the lease time, or holds a live one:
-  :func:`may_validate`), and the answer is marked unconfirmed. A job nobody else leased for two
-  lease times is offered to the leader again, which validates if the others went away and is
-  answered ``done`` again otherwise.
+  software that can run the job is online (asked for a lease within the lease time, or holds a
+  live one: :func:`may_validate`), and the answer is marked unconfirmed. A job nobody else leased
+  for two lease times is offered to the leader again, which validates if the others went away and
+  is answered ``done`` again otherwise.
 - At completion (:func:`compare`), the winner's time in the validation run is compared with its
   search time as another worker measured it: beyond :data:`AGREEMENT_RATIO` either way, the
   workers disagree. The job stores who measured, who confirmed, both times and the verdict
@@ -56,7 +56,7 @@ def await_confirmer(session: Session, job: JobRow) -> None:
 
 def may_validate(session: Session, job: JobRow, worker_id: int, now: datetime, online_s: float) -> bool:
     """Whether the worker ``worker_id`` may run ``job``'s validation: any but the leader, and the
-    leader only while no other worker of the chip that can run the job is online."""
+    leader only while no other worker of its chip and software that can run the job is online."""
     if job.validation_excluded_worker_id is None or worker_id != job.validation_excluded_worker_id:
         return True
     return not _confirmer_online(session, job, worker_id, now, online_s)

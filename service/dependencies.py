@@ -45,6 +45,12 @@ def reads_of(request: Request) -> Reads:
     return reads
 
 
+def settings_of(request: Request) -> Settings:
+    """The app's settings (a function, for code that has the request but no dependency of its own)."""
+    settings: Settings = request.app.state.services.settings
+    return settings
+
+
 async def _reads(request: Request) -> Reads:
     return reads_of(request)
 

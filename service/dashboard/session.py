@@ -38,7 +38,7 @@ from sqlalchemy import ColumnElement, delete, or_, select, update
 from tiletune.client.wire import Role
 from tiletune.service.auth import ANONYMOUS, Identity
 from tiletune.service.database import Database, aware
-from tiletune.service.dependencies import DatabaseDep, SettingsDep, authenticate_request
+from tiletune.service.dependencies import DatabaseDep, SettingsDep, authenticate_request, settings_of
 from tiletune.service.errors import ForbiddenError, InvalidInputError
 from tiletune.service.models import BrowserSessionRow, TokenRow
 
@@ -235,7 +235,7 @@ def _origin(scheme: str, netloc: str) -> str | None:
 
 def _our_origins(request: Request) -> set[str]:
     """The request's own origin and ``Settings.public_url``'s, where readable."""
-    public_url: str | None = request.app.state.services.settings.public_url
+    public_url: str | None = settings_of(request).public_url
     origins = [_origin(request.url.scheme, request.url.netloc)]
     if public_url is not None:
         scheme, _, netloc = public_url.partition("://")
@@ -246,7 +246,7 @@ def _our_origins(request: Request) -> set[str]:
 def is_https(request: Request) -> bool:
     """True when the browser reaches us over https: the request's scheme (as a trusted proxy
     reports it), or ``Settings.public_url``'s."""
-    public_url: str | None = request.app.state.services.settings.public_url
+    public_url: str | None = settings_of(request).public_url
     return request.url.scheme == "https" or (public_url or "").startswith("https://")
 
 

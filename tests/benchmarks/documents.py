@@ -463,6 +463,20 @@ LOCAL_TUNE: dict[str, Any] = {
 }
 
 
+WORKER_AGREEMENT: dict[str, Any] = {
+    "benchmark": "worker_agreement",
+    "command": "python -m benchmarks.worker_agreement --trials 8",
+    "agreement_ratio": 2.0,
+    "jobs": [],
+    "pairs": [
+        {"kernel": "add", "ratio": 1.1},
+        {"kernel": "add", "ratio": 1.2},
+        {"kernel": "matmul", "ratio": 0.9},
+    ],
+    "summary": {"pairs": 3, "median": 1.1, "p90": 1.2, "worst": 1.2, "within_agreement_ratio": 1.0},
+}
+
+
 #: Every document, by its ``benchmark`` field.
 DOCUMENTS: dict[str, dict[str, Any]] = {
     document["benchmark"]: document
@@ -483,5 +497,6 @@ DOCUMENTS: dict[str, dict[str, Any]] = {
         COMPILE_TIME_TILES,
         UNTUNED_CHOICE,
         LOCAL_TUNE,
+        WORKER_AGREEMENT,
     )
 }
