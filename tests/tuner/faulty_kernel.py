@@ -94,3 +94,16 @@ class BrokenDefaultSpec(FaultySpec):
 
 
 BROKEN_DEFAULT_SPEC = BrokenDefaultSpec()
+
+
+class HangingDefaultSpec(FaultySpec):
+    """``faulty`` whose default tiling never returns: a fresh process hangs on it."""
+
+    name = "faulty_hanging_default"
+    description = "a kernel whose default tiling hangs (tests)"
+
+    def default_config(self, shape: Shape, dtype: str, limits: DeviceLimits) -> Config:
+        return {"tile_size": HANG_TILE}
+
+
+HANGING_DEFAULT_SPEC = HangingDefaultSpec()

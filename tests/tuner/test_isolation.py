@@ -26,7 +26,7 @@ from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.isolation import (
-    DeviceUnusableError,
+    DefaultFailedError,
     IsolatedBench,
     IsolationSettings,
     TrialPool,
@@ -39,6 +39,8 @@ QUICK = BenchSettings(warmup_runs=1, min_samples=3, max_samples=5, budget_s=0.01
 #: A hang is declared after 2 s (the floor; the faulty kernel's default takes microseconds).
 SHORT = IsolationSettings(floor_s=2.0, start_limit_s=120.0, cooldown_s=0.0)
 SHAPE = {"n": 4096}
+#: The start limit of the hanging default's test: a fresh process starts and builds in about 5 s.
+HANG_LIMIT_S = 20.0
 
 
 def tile(size: int) -> dict[str, int]:
@@ -115,10 +117,25 @@ def test_the_validation_run_is_isolated_too(pool: TrialPool) -> None:
     assert all(m.median_ms > 0 for m in measurements)
 
 
-def test_a_fresh_process_that_cannot_run_the_default_makes_the_device_unusable(pool: TrialPool) -> None:
-    with pytest.raises(DeviceUnusableError, match="SIGSEGV"):
+def test_a_default_a_fresh_process_cannot_run_is_the_kernels_fault_while_a_built_in_runs(
+    pool: TrialPool,
+) -> None:
+    with pytest.raises(DefaultFailedError, match="SIGSEGV") as failed:
         faulty_bench(pool, faulty_kernel.BROKEN_DEFAULT_SPEC)
-    assert pool.health_problem(CpuDevice()) is None  # a built-in kernel still runs: the device is fine
+    assert "a built-in kernel runs here: the kernel's fault" in str(failed.value)
+    assert pool.health_problem(CpuDevice()) is None  # the device is fine, as the error said
+
+
+def test_a_default_that_hangs_fails_within_the_start_limit() -> None:
+    pool = TrialPool(IsolationSettings(floor_s=2.0, start_limit_s=HANG_LIMIT_S, cooldown_s=0.0))
+    started = time.monotonic()
+    try:
+        with pytest.raises(DefaultFailedError, match="timed out after"):
+            faulty_bench(pool, faulty_kernel.HANGING_DEFAULT_SPEC)
+    finally:
+        pool.close()
+    # the start limit, then the health check's fresh process (about 5 s here)
+    assert time.monotonic() - started < HANG_LIMIT_S + 60
 
 
 def test_the_limit_grows_with_the_default_time_above_its_floor() -> None:
@@ -205,7 +222,7 @@ def test_crashing_hanging_and_poisoning_configs_fail_alone_and_the_job_promotes_
         assert [j["state"] for j in client.get("/v1/jobs").json()] == ["done", "done"]
 
 
-def test_a_device_that_cannot_run_the_default_fails_the_job_and_is_checked_before_leasing_again(
+def test_a_default_that_cannot_run_fails_its_job_and_the_worker_leases_on(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     broken = faulty_kernel.BROKEN_DEFAULT_SPEC
@@ -215,15 +232,21 @@ def test_a_device_that_cannot_run_the_default_fails_the_job_and_is_checked_befor
         client.post("/v1/sweeps", json={"kernel": broken.name, "shapes": [SHAPE], "trials": 3}).status_code
         == 201
     )
-    worker = Worker(client, backend="cpu", bench=QUICK, name="unusable", isolation=SHORT)
+    worker = Worker(client, backend="cpu", bench=QUICK, name="usable", isolation=SHORT)
     with worker, caplog.at_level("ERROR", logger="tiletune.tuner.measure.worker"):
         # each lease fails at once; the server fails the job after its limit of failed leases
         assert worker.run(once=True) == 3
         job = client.get("/v1/jobs").json()[0]
-    assert job["state"] == "failed"
-    assert job["lease_failures"] == 3
+        assert job["state"] == "failed"
+        assert job["lease_failures"] == 3
+        assert all("the default cannot run" in reason for reason in job["failure_reasons"])
+        assert all("the kernel's fault" in reason for reason in job["failure_reasons"])
+        # the device was never taken for unusable: the next job runs at once
+        sweep = {"kernel": "add", "shapes": [{"n": 4096}], "trials": 3}
+        assert client.post("/v1/sweeps", json=sweep).status_code == 201
+        assert worker.run(once=True) == 1
+        states = {job["kernel"]: job["state"] for job in client.get("/v1/jobs").json()}
+        assert states == {broken.name: "failed", "add": "done"}
     errors = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
-    unusable = [m for m in errors if "device unusable: the default config" in m and "SIGSEGV" in m]
-    assert len(unusable) == 3
-    # between leases the device was checked (a built-in kernel in a fresh process) and found usable
-    assert sum("the device is unusable; checking it" in m for m in errors) == 3
+    assert len([m for m in errors if "its default cannot run" in m and "SIGSEGV" in m]) == 3
+    assert not [m for m in errors if "unusable" in m]

@@ -28,11 +28,14 @@ survives whatever a config does:
   ``max(floor_s, n × (slowdown × (warmup_runs + EXTRA_WARMUP_RUNS + min_samples + 1) × d + 2 ×
   budget_s + max_samples × settle_s))`` with the validation run's settings
   (``BenchSettings.for_validation``). Without a default time (it was invalid or wrong) the floor is the limit.
-- **Device unusable.** When a fresh child cannot run the default (it dies, hangs past
-  ``start_limit_s`` while building the bench, or a device error), :class:`DeviceUnusableError`
-  is raised; the worker releases the job as failed (``"device unusable: ..."``) and leases
-  nothing until :meth:`TrialPool.health_problem` (a fresh child running a built-in kernel's
-  default on a small shape) passes.
+- **The default's fault or the device's.** When a fresh child cannot run the default (it dies,
+  hangs past ``start_limit_s``, 120 s by default, while building the bench and checking the
+  default: the default's build is done ahead, outside it; or a device error), a fresh child runs a
+  built-in kernel's default on a small shape at once (:meth:`TrialPool.health_problem`). When that
+  runs, the kernel is at fault: :class:`DefaultFailedError`, and the worker releases the job as
+  failed with the reason and goes on leasing. When it does not either, the device is:
+  :class:`DeviceUnusableError`, and the worker releases the job as failed (``"device unusable:
+  ..."``) and leases nothing until the health check passes again.
 
 Replay devices need no isolation (nothing runs); ``tiletune tune`` and ``bench`` stay in process.
 """
@@ -97,7 +100,13 @@ class TrialProcessError(RuntimeError):
 
 
 class DeviceUnusableError(RuntimeError):
-    """A fresh trial process cannot run the kernel's default: the device is not usable now."""
+    """Neither the kernel's default nor a built-in kernel's runs in a fresh trial process: the
+    device is not usable now."""
+
+
+class DefaultFailedError(RuntimeError):
+    """A fresh trial process cannot run the kernel's default, while a built-in kernel's default runs
+    on the device: the kernel's fault (its job fails), not the device's."""
 
 
 @dataclass(frozen=True)
@@ -112,7 +121,7 @@ class IsolationSettings:
 
     floor_s: float = 10.0
     slowdown: float = 10.0
-    start_limit_s: float = 600.0
+    start_limit_s: float = 120.0
     cooldown_s: float = 30.0
     max_cooldown_s: float = 600.0
 
@@ -269,6 +278,7 @@ class TrialPool:
     def __init__(self, settings: IsolationSettings | None = None) -> None:
         self.settings = settings or IsolationSettings()
         self.process = TrialProcess()
+        self._checking_health = False
 
     def close(self) -> None:
         """End the child process."""
@@ -284,7 +294,8 @@ class TrialPool:
         backend: str | None,
         settings: BenchSettings,
     ) -> IsolatedBench:
-        """An isolated bench of this lease; prepared in the child (raises :class:`DeviceUnusableError`)."""
+        """An isolated bench of this lease; prepared in the child (raises :class:`DefaultFailedError`
+        or :class:`DeviceUnusableError` when a fresh child cannot run the default)."""
         default = spec.default_config(shape, dtype, device.chip.limits)
         prepare = Prepare(spec, shape, dtype, device.kind, backend, settings, default)
         bench = IsolatedBench(self, prepare, device)
@@ -296,11 +307,25 @@ class TrialPool:
         self.process.end()
         spec = get_kernel(HEALTH_KERNEL)
         shape = spec.parse_shape(HEALTH_SHAPE)
+        self._checking_health = True
         try:
             self.bench(spec, shape, HEALTH_DTYPE, device, backend=None, settings=BenchSettings())
         except DeviceUnusableError as error:
             return str(error)
+        finally:
+            self._checking_health = False
         return None
+
+    def blame(self, default: Config, failure: str, device: Device) -> Exception:
+        """The error of a fresh child that could not run ``default``: the kernel's
+        (:class:`DefaultFailedError`) when the health check passes, else the device's."""
+        said = f"the default config {default}: {failure}"
+        if self._checking_health:
+            return DeviceUnusableError(said)
+        problem = self.health_problem(device)
+        if problem is None:
+            return DefaultFailedError(f"{said}; a built-in kernel runs here: the kernel's fault")
+        return DeviceUnusableError(f"{said}; a built-in kernel cannot run either: {problem}")
 
 
 class IsolatedBench(KernelBench):
@@ -360,7 +385,7 @@ class IsolatedBench(KernelBench):
                 return True
             process.end()
         if fresh:
-            raise DeviceUnusableError(f"the default config {self._prepare.default}: {failure}")
+            raise self._pool.blame(self._prepare.default, failure, self.device)
         logger.warning("the warm trial process failed the default (%s); starting a fresh one", failure)
         return False
 

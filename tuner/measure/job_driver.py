@@ -46,7 +46,7 @@ from tiletune.kernels.errors import InputError
 from tiletune.tuner.measure.bench import KernelBench
 from tiletune.tuner.measure.build_ahead import BuildAhead, shared_build_ahead
 from tiletune.tuner.measure.heartbeat import Heartbeat
-from tiletune.tuner.measure.isolation import DeviceUnusableError
+from tiletune.tuner.measure.isolation import DefaultFailedError, DeviceUnusableError
 from tiletune.tuner.measure.job_bench import UnsupportedJobError, job_kernel
 from tiletune.tuner.measure.result import outcome_of, validated_results
 
@@ -78,7 +78,7 @@ class LeasedRun:
     #: Outcomes measured and not yet told (pipelined: told with the next ask).
     untold: list[TrialOutcome] = field(default_factory=list)
     #: Set when the device was found unusable mid-batch: raised once the untold outcomes are told.
-    unusable: DeviceUnusableError | None = None
+    unusable: DeviceUnusableError | DefaultFailedError | None = None
     #: Seconds measuring (bench calls: checks, timed runs, the validation run), waiting for builds.
     measuring_s: float = 0.0
     build_wait_s: float = 0.0
@@ -221,7 +221,7 @@ class JobDriver:
             run.heartbeat.check()
             try:
                 outcomes.append(self._measure(run, task))
-            except DeviceUnusableError as error:  # told with what was measured, then raised (_step)
+            except (DeviceUnusableError, DefaultFailedError) as error:  # told, then raised (_step)
                 run.unusable = error
                 break
         return outcomes

@@ -27,10 +27,13 @@ Guarantees:
 - Isolated trials (``isolate``, the default; never on a replay device): the configs run in a warm
   child process with a time limit per call (:mod:`tiletune.tuner.measure.isolation`), so a
   segfault, a hang past the limit or a device error fails that config with its reason and the job
-  goes on. When a fresh child cannot run the job's default, the device is unusable: the job is
-  released as failed (``"device unusable: ..."``, logged at error level) and the worker leases
-  nothing until a fresh child runs a small built-in kernel's default again, checked after a
-  cool-down that doubles from ``IsolationSettings.cooldown_s`` up to ``max_cooldown_s``.
+  goes on. When a fresh child cannot run the job's default (within ``start_limit_s``, 120 s by
+  default), a small built-in kernel's default is tried at once: when it runs, the job is released
+  as failed with the reason (``"the default cannot run: ..."``) and the worker goes on leasing;
+  when it does not, the device is unusable: the job is released as failed (``"device unusable:
+  ..."``, logged at error level) and the worker leases nothing until a fresh child runs that
+  built-in default again, checked after a cool-down that doubles from
+  ``IsolationSettings.cooldown_s`` up to ``max_cooldown_s``.
 - A wrong or crashing config is an outcome (``invalid`` / ``error``), never a crash of the worker.
   A job this worker cannot run (unknown kernel, another kernel version, a missing backend, a bad
   shape or dtype) is released with ``failed=true`` and the reason; so is a job whose run hits an
@@ -85,7 +88,12 @@ from tiletune.kernels.registry import kernels_for
 from tiletune.kernels.replay.declaration import REPLAY_KERNELS_ENV, REPLAY_KIND
 from tiletune.tuner.measure.bench import BenchSettings
 from tiletune.tuner.measure.heartbeat import Heartbeat
-from tiletune.tuner.measure.isolation import DeviceUnusableError, IsolationSettings, TrialPool
+from tiletune.tuner.measure.isolation import (
+    DefaultFailedError,
+    DeviceUnusableError,
+    IsolationSettings,
+    TrialPool,
+)
 from tiletune.tuner.measure.job_bench import UnsupportedJobError, bench_for
 from tiletune.tuner.measure.job_driver import STOP_RELEASE_ATTEMPTS, JobDriver, LeasedRun, Release, Sleep
 from tiletune.tuner.measure.registration import registration
@@ -340,6 +348,9 @@ class Worker:
             if run is not None:
                 self._driver.tell_before_stopping(run)
             return Release(STOP_REASON, attempts=STOP_RELEASE_ATTEMPTS)
+        except DefaultFailedError as error:
+            logger.error("job %d: its default cannot run: %s", job_id, error)
+            return Release(f"the default cannot run: {error}", failed=True)
         except DeviceUnusableError as error:
             logger.error("job %d: device unusable: %s; leasing nothing until it runs again", job_id, error)
             self._device_unusable = True
