@@ -24,9 +24,8 @@
 Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
 seen at once, in another within ``cache_s``), so a lookup does not query the tokens table.
 Each replica also knows the digests of the live tokens (read at most once per
-:data:`LIVE_REREAD_S`):
-:meth:`Tokens.may_be_live` lets a caller whose address has spent its failed authentications
-still present a valid token, while guesses from it cost no query.
+:data:`LIVE_REREAD_S`): :meth:`Tokens.may_be_live` lets a caller whose address has spent its
+failed authentications still present a valid token, while guesses from it cost no query.
 """
 
 from __future__ import annotations

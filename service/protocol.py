@@ -9,12 +9,16 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
   is ``holding`` come back first (a lost answer is asked again), then new valid configs as
   trials (rows ``asked``); when the search is done it hands one lease the final validation
   (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default, the key's
-  current best, torch's op: :func:`~tiletune.service.specs.vendor_finalist`), measured interleaved;
-- ``tell`` is idempotent per trial: a repeated outcome is counted once;
+  current best, torch's op: :func:`~tiletune.service.specs.vendor_finalist`), measured interleaved:
+  never the lease of the worker whose search trial leads while another worker of its chip and
+  software is online (:mod:`tiletune.service.confirmation`; the leader is answered ``done``);
+- ``tell`` is idempotent per trial: a repeated outcome is counted once; a time faster than the
+  chip can run the call is stored ``failed`` (:mod:`tiletune.service.plausibility`);
 - ``complete`` promotes a config only when it beats torch's op and the default (else the first of
   them that ran), then the key's current best, beyond that same run's spread
-  (:func:`tiletune.tuner.search.finalists.judge`), then ends the job; a kept best measured
-  with older software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
+  (:func:`tiletune.tuner.search.finalists.judge`), and the workers do not disagree on it, then
+  ends the job (:func:`tiletune.service.verdicts.settle`); a kept best measured with older
+  software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
   they are asked again. Only trials under live leases are held: a trial left ``asked`` under
   a lease that is over (a crash between the reaper's commit and the abandon step) is
