@@ -76,6 +76,8 @@ ERRORS = {
     507: "the database's disk is full: nothing was written (storage_full; see Retry-After)",
 }
 
+#: The errors of a database that cannot be reached (503; or 507 when its disk is full).
+DATABASE_FAULTS = (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError)
 #: Seconds a 503 ``database_unavailable`` asks callers to wait before trying again.
 DATABASE_RETRY_AFTER_S = 2.0
 
@@ -243,7 +245,7 @@ def _handle_errors(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
-    for database_fault in (OperationalError, InterfaceError, DisconnectionError, PoolTimeoutError):
+    for database_fault in DATABASE_FAULTS:
         app.add_exception_handler(database_fault, _database_error)
 
 
@@ -333,7 +335,13 @@ async def _service_error(request: Request, error: Exception) -> Response:
 
 
 async def _internal_error(request: Request, error: Exception) -> Response:
-    """A bug: 500 ``internal_error`` naming the exception's type (never its text: it may hold data)."""
+    """A bug: 500 ``internal_error`` naming the exception's type (never its text: it may hold data).
+
+    A database fault raised outside the routes (the body guard authenticates a large body's
+    caller before any route runs) is the database's all the same: :func:`_database_error`.
+    """
+    if isinstance(error, DATABASE_FAULTS):
+        return await _database_error(request, error)
     where = f"{request.method} {request.url.path}"
     message = f"internal error ({type(error).__name__}) in {where}; see the server's log"
     request_id = current_request_id.get()  # still set: the request raised (tiletune.service.request_ids)

@@ -2,6 +2,7 @@
 
 - A client that goes away mid-request is counted as ``499`` in ``tiletune_request_seconds``, not
   as a server error (a real server process, a raw socket that closes before its body is sent).
+- A database that goes away while the body guard checks a large body's caller is 503, not 500.
 - A full disk (SQLite's ``SQLITE_FULL``, as its ``max_page_count`` raises it) is ``507
   storage_full``, naming the disk, with nothing written; reads go on.
 - Sweeps are limited per token (429 with ``Retry-After``); another token keeps its budget.
@@ -12,6 +13,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import socket
@@ -21,12 +23,13 @@ from pathlib import Path
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import Engine, event, text
+from sqlalchemy import Engine, create_engine, event, text
 
 from tests.credentials import ADMIN, ADMIN_SECRET
-from tests.service.conftest import snapshot
+from tests.service.conftest import POSTGRES_ADMIN_URL, postgres_database, snapshot
 from tests.service.processes import start_server, stop
 from tiletune.service.app import create_app
+from tiletune.service.database import normalize_url
 from tiletune.service.migrate import upgrade
 from tiletune.service.request_ids import ACCESS_LOGGER, REDACTED
 from tiletune.service.settings import Settings
@@ -89,6 +92,38 @@ def test_a_full_disk_is_507_and_writes_nothing(tmp_path: Path) -> None:
         with engine.connect() as connection:
             assert connection.execute(text("PRAGMA max_page_count")).scalar_one() > 0
     assert snapshot(url) == before
+
+
+def test_a_database_gone_while_a_large_bodys_caller_is_checked_is_503_not_500() -> None:
+    """The body guard authenticates a large body's caller before any route runs: a database fault
+    there is the database's (503), as it is in a route."""
+    admin = create_engine(normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
+    with postgres_database() as url:
+        upgrade(url)
+        name = url.rsplit("/", 1)[1]
+        app = create_app(Settings(db_url=url, admin_token=ADMIN_SECRET), reaper=False)
+        with TestClient(app, raise_server_exceptions=False) as client:
+            reader = client.post("/v1/tokens", json={"role": "reader"}, headers=ADMIN).json()["token"]
+            with admin.connect() as connection:
+                connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+                connection.execute(
+                    text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :name"),
+                    {"name": name},
+                )
+            try:
+                misses = [
+                    {"kernel": "add", "shape": {"n": n}, "dtype": "float32", "chip": "c"} for n in range(200)
+                ]
+                headers = {"Authorization": f"Bearer {reader}", "Content-Type": "application/json"}
+                answer = client.post("/v1/misses", content=json.dumps({"misses": misses}), headers=headers)
+            finally:
+                with admin.connect() as connection:
+                    connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        app.state.services.db.sessions.kw["bind"].dispose()
+    admin.dispose()
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["code"] == "database_unavailable"
+    assert int(answer.headers["retry-after"]) >= 1
 
 
 def test_sweeps_are_limited_per_token(tmp_path: Path) -> None:
