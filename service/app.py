@@ -23,7 +23,7 @@ import re
 import threading
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -103,10 +103,10 @@ class Services:
     auth_failures: RateLimiter
     #: Re-tuning after software changes (``TILETUNE_RETUNE_BUDGET``).
     retune: Retuner
-    #: The store's clock, when the app reads it (no clock injected); re-measured by the reaper.
-    store_clock: StoreClock | None = None
     #: Sweeps by token (``TILETUNE_SWEEPS_PER_S``, ``TILETUNE_SWEEP_BURST``).
-    sweep_limit: RateLimiter = field(default_factory=lambda: RateLimiter(0, 1))
+    sweep_limit: RateLimiter
+    #: The store's clock, when the app reads it (no clock injected); re-measured by the reaper.
+    store_clock: StoreClock | None
 
 
 def build_services(settings: Settings, clock: Clock | None = None) -> Services:
@@ -165,8 +165,8 @@ def build_services(settings: Settings, clock: Clock | None = None) -> Services:
         metrics,
         RateLimiter(settings.auth_failures_per_s, settings.auth_failure_burst),
         Retuner(db, read_side.usage, retune),
+        RateLimiter(settings.sweeps_per_s, settings.sweep_burst),
         store_clock,
-        sweep_limit=RateLimiter(settings.sweeps_per_s, settings.sweep_burst),
     )
 
 

@@ -16,10 +16,11 @@ from typing import TypeVar
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import TrialOutcome, ValidatedConfig
-from tiletune.kernels import KernelDeclaration, get_declaration
-from tiletune.kernels.errors import InputError
+from tiletune.kernels import KernelDeclaration
 from tiletune.kernels.peaks import ceiling_of, fastest_possible_s
+from tiletune.service.errors import InvalidInputError
 from tiletune.service.models import ChipRow, JobRow
+from tiletune.service.specs import lookup_kernel
 
 #: The start of every refusal's reason.
 REFUSED = "refused by the server: "
@@ -71,6 +72,6 @@ def impossible(median_ms: float, floor_ms: float | None) -> str | None:
 
 def _declaration(kernel: str) -> KernelDeclaration | None:
     try:
-        return get_declaration(kernel)
-    except InputError:  # a kernel this server has not installed
+        return lookup_kernel(kernel)
+    except InvalidInputError:  # a kernel this server has not installed
         return None

@@ -124,11 +124,19 @@ def test_a_liars_pick_is_refused_or_confirmed_by_another_worker_before_it_is_pro
     validated = [trial for trial in trials if trial["phase"] == "validate"]
     assert validated
     assert {trial["worker"] for trial in validated} == {"honest"}
-    if best.status_code == 200 and best.json().get("match") == "exact":
-        promoted = best.json()["best"]["median_ms"]
-        assert promoted == confirmation["validation_ms"]
-        assert promoted not in (LIE_MS, IMPOSSIBLE_MS)
-        assert confirmation["agree"] is not False
+    _assert_promoted_honestly(best, confirmation)
+
+
+def _assert_promoted_honestly(best: httpx.Response, confirmation: dict[str, Any]) -> None:
+    """Nothing promoted where the workers disagree; else the winner, with the honest worker's time."""
+    exact = best.status_code == 200 and best.json().get("match") == "exact"
+    if confirmation["agree"] is False:  # the liar's pick won the honest run: the workers disagree
+        assert not exact, best.text
+        return
+    assert exact, best.text  # a fresh key: the run's winner is promoted
+    promoted = best.json()["best"]["median_ms"]
+    assert promoted == confirmation["validation_ms"]
+    assert promoted not in (LIE_MS, IMPOSSIBLE_MS)
 
 
 def _wait_until_online(admin: httpx.Client, name: str) -> None:

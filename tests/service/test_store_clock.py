@@ -5,8 +5,8 @@
   lives through several lease times while both reap; the shifted replica reports its skew
   (``tiletune_clock_skew_seconds``) and warns.
 - :class:`~tiletune.service.store_clock.StoreClock` in process, on real PostgreSQL and SQLite: the
-  offset of a shifted host clock is measured and taken off; SQLite is the host's clock, with no
-  query; a database that cannot be reached keeps the last offset.
+  offset of a shifted host clock is measured and taken off, and kept while the database cannot be
+  reached; SQLite is the host's clock, with no query.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, event, text
 
-from tests.service.conftest import postgres_database
+from tests.service.conftest import POSTGRES_ADMIN_URL, postgres_database
 from tests.service.processes import start_server, stop
 from tests.service.test_miss_reports_and_heartbeats import lease_a_job, token
 from tiletune.service.database import normalize_url, utc_now
@@ -29,6 +29,7 @@ from tiletune.service.migrate import upgrade
 from tiletune.service.store_clock import StoreClock
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+STORE_CLOCK_LOGGER = "tiletune.service.store_clock"
 AHEAD_S = 120.0
 AHEAD = {
     "LD_PRELOAD": FAKETIME_LIB,
@@ -73,37 +74,44 @@ def test_a_replica_on_a_clock_ahead_keeps_every_heartbeating_lease(tmp_path: Pat
         assert "this replica's clock is 120.0 s ahead of the database's" in ahead.log(200)
 
 
-def test_the_store_clock_takes_a_hosts_offset_off(caplog: pytest.LogCaptureFixture) -> None:
+def test_the_store_clock_takes_a_hosts_offset_off_and_keeps_it_while_the_store_is_away(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    admin = create_engine(normalize_url(POSTGRES_ADMIN_URL), isolation_level="AUTOCOMMIT")
     with postgres_database() as db_url:
         upgrade(db_url)
-        engine = create_engine(normalize_url(db_url))
+        engine = create_engine(normalize_url(db_url), connect_args={"connect_timeout": 2})
+        name = db_url.rsplit("/", 1)[1]
         try:
             clock = StoreClock(engine, local=lambda: utc_now() + timedelta(seconds=AHEAD_S))
-            with caplog.at_level(logging.WARNING, logger="tiletune.service.store_clock"):
+            with caplog.at_level(logging.WARNING, logger=STORE_CLOCK_LOGGER):
                 clock.measure()
             assert clock.skew_s == pytest.approx(-AHEAD_S, abs=MEASURED_WITHIN_S)
             assert abs((clock() - utc_now()).total_seconds()) < MEASURED_WITHIN_S
-            said = [
-                record.levelname for record in caplog.records if record.name == "tiletune.service.store_clock"
-            ]
-            assert said == ["WARNING"]
-        finally:
+            said = [record.getMessage() for record in caplog.records if record.name == STORE_CLOCK_LOGGER]
+            assert len(said) == 1
+            assert "120.0 s ahead of the database's" in said[0]
+
+            measured = clock.skew_s
             engine.dispose()
+            with admin.connect() as connection:
+                connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            with caplog.at_level(logging.WARNING, logger=STORE_CLOCK_LOGGER):
+                clock.measure()
+            assert clock.skew_s == measured, "a failed measurement keeps the last offset"
+            assert "failed" in caplog.records[-1].getMessage()
+        finally:
+            with admin.connect() as connection:
+                connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+            engine.dispose()
+    admin.dispose()
 
 
-def test_sqlite_is_the_hosts_clock_and_an_unreachable_store_keeps_the_offset(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_sqlite_is_the_hosts_clock_and_queries_nothing(tmp_path: Path) -> None:
     sqlite = create_engine(f"sqlite:///{tmp_path / 'clock.db'}")
+    queries: list[str] = []
+    event.listen(sqlite, "before_cursor_execute", lambda *args: queries.append(args[2]))
     clock = StoreClock(sqlite, local=lambda: utc_now() + timedelta(seconds=AHEAD_S))
     clock.measure()
     assert clock.skew_s == 0.0
-
-    away = create_engine(
-        "postgresql+psycopg://postgres@127.0.0.1:1/none", connect_args={"connect_timeout": 2}
-    )
-    clock = StoreClock(away)
-    with caplog.at_level(logging.WARNING, logger="tiletune.service.store_clock"):
-        clock.measure()
-    assert clock.skew_s == 0.0
-    assert "failed" in caplog.text
+    assert queries == []

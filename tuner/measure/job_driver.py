@@ -77,7 +77,8 @@ class LeasedRun:
     best_ms: float | None = None
     #: Outcomes measured and not yet told (pipelined: told with the next ask).
     untold: list[TrialOutcome] = field(default_factory=list)
-    #: Set when the device was found unusable mid-batch: raised once the untold outcomes are told.
+    #: Set when a fresh trial process could not run the default mid-batch (the device's or the
+    #: kernel's fault): raised once the untold outcomes are told.
     unusable: DeviceUnusableError | DefaultFailedError | None = None
     #: Seconds measuring (bench calls: checks, timed runs, the validation run), waiting for builds.
     measuring_s: float = 0.0
