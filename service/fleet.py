@@ -121,11 +121,16 @@ def look_alike_key(name: str) -> str:
     return "/".join(" ".join(part.casefold().split()) for part in name.split("/"))
 
 
-def _refuse_look_alike(session: Session, name: str) -> None:
-    """Refuse a new chip name that differs from a registered one only in case or spaces (409)."""
+def refuse_look_alike(session: Session, name: str) -> None:
+    """Refuse a new chip name that differs from a registered one only in case or spaces (409).
+
+    The very name registered is no look-alike: a concurrent registration of the same chip may
+    commit between the caller's lookup and this read (PostgreSQL reads each statement's committed
+    rows); the caller's insert then meets the unique name and registers again.
+    """
     key = look_alike_key(name)
     for registered in session.scalars(select(ChipRow.name)):
-        if look_alike_key(registered) == key:
+        if registered != name and look_alike_key(registered) == key:
             raise ConflictError(
                 f"chip name {name!r} differs from the registered {registered!r} only in case or spaces: "
                 f"names that look alike name one chip; register as {registered!r}",
@@ -150,7 +155,7 @@ def _upsert_chip(session: Session, wire: ChipWire, now: datetime, rights: ChipRi
     if chip is None:
         if not rights.create:
             raise ForbiddenError(f"no chip {wire.name!r} is registered; an admin registers new chips", "chip")
-        _refuse_look_alike(session, wire.name)
+        refuse_look_alike(session, wire.name)
         chip = ChipRow(name=wire.name, created_at=now)
         session.add(chip)
     elif _limits(chip) == wanted:

@@ -8,7 +8,8 @@
 - Sweeps are limited per token (429 with ``Retry-After``); another token keeps its budget.
 - An earlier worker's lease URL (the token in the path) is logged without the token.
 - A chip name that differs from a registered one only in case or spaces is refused (409), naming
-  the registered one: look-alike names name one chip.
+  the registered one: look-alike names name one chip; the very name, committed meanwhile by a
+  concurrent registration, is no look-alike.
 """
 
 from __future__ import annotations
@@ -24,12 +25,15 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.orm import Session
 
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tests.service.conftest import POSTGRES_ADMIN_URL, postgres_database, snapshot
 from tests.service.processes import start_server, stop
+from tiletune.service import fleet
 from tiletune.service.app import create_app
 from tiletune.service.database import normalize_url
+from tiletune.service.errors import ConflictError
 from tiletune.service.migrate import upgrade
 from tiletune.service.request_ids import ACCESS_LOGGER, REDACTED
 from tiletune.service.settings import Settings
@@ -176,3 +180,27 @@ def test_look_alike_chip_names_name_one_chip(tmp_path: Path) -> None:
         assert client.post("/v1/workers", json={**WORKER, "chip": other}).status_code == 201
         chips = {worker["chip"] for worker in client.get("/v1/workers").json()}
     assert chips == {CHIP["name"], "cpu/Look Alike Chip/4c"}
+
+
+def test_a_chip_registered_meanwhile_under_the_very_name_is_no_look_alike() -> None:
+    """Workers of a new chip registering at once (the compose path's replicas) on PostgreSQL.
+
+    One registration's transaction looked the name up before another's committed it; its look-alike
+    check, reading afterwards, sees the very name and lets the insert meet the unique name (the
+    registration then runs again and finds the chip) instead of refusing the chip as its own
+    look-alike.
+    """
+    with postgres_database() as url:
+        upgrade(url)
+        engine = create_engine(normalize_url(url))
+        try:
+            with Session(engine) as earlier, earlier.begin():
+                assert fleet.chip_by_name(earlier, CHIP["name"]) is None
+                app = create_app(Settings(db_url=url, admin_token=ADMIN_SECRET), reaper=False)
+                with TestClient(app, headers=ADMIN) as client:
+                    assert client.post("/v1/workers", json=WORKER).status_code == 201
+                fleet.refuse_look_alike(earlier, CHIP["name"])
+                with pytest.raises(ConflictError):
+                    fleet.refuse_look_alike(earlier, CHIP["name"].upper())
+        finally:
+            engine.dispose()
