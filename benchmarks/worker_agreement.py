@@ -3,7 +3,7 @@
 A real ``tiletune server`` (fresh SQLite file) and two real ``tiletune worker`` processes of this
 CPU (one torch thread each, as the tests run them) tune a sweep of keys, one worker per job. The
 worker whose search trial leads never validates while the other is online
-(``tiletune.service.confirmation``), so every job's validation run is the other worker's. Each
+(``tiletune.service.scheduling.confirmation``), so every job's validation run is the other worker's. Each
 finalist measured in the search by one worker and in the validation run by the other is a pair;
 the document reports each pair's ratio (validation over search), their median, p90 and worst,
 taken both ways (``max(r, 1/r)``), beside the server's ``AGREEMENT_RATIO``: an honest pair beyond
@@ -28,7 +28,7 @@ from typing import Any
 import httpx
 
 from benchmarks.http_lookup import AUTH, BENCH_TOKEN, free_port, start_server
-from tiletune.service.confirmation import AGREEMENT_RATIO
+from tiletune.service.scheduling.confirmation import AGREEMENT_RATIO
 
 #: The keys tuned: memory-bound and compute-bound kernels, small and large.
 KEYS: list[dict[str, Any]] = [

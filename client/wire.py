@@ -107,7 +107,10 @@ Software = Annotated[
 
 
 class JobState(StrEnum):
-    """Where a job is in its life; the transitions are :mod:`tiletune.service.lifecycle`'s table."""
+    """Where a job is in its life.
+
+    The transitions are :mod:`tiletune.service.scheduling.lifecycle`'s table.
+    """
 
     QUEUED = "queued"
     RUNNING = "running"

@@ -12,13 +12,14 @@ Nothing imports it but its own entry points. Modules:
 - ``database``: URLs, engines, and ``Database`` (sessions, clock, configs' generation; the
   transaction rule: repositories take a session, only operations open and commit one);
 - ``models``: the SQLAlchemy rows; ``migrate``: Alembic in code;
-- ``lifecycle``: the job lifecycle, one transition table, the only code assigning a job's state;
+- ``scheduling/`` (the queue and leases): sweeps and jobs, the lifecycle, leases, the worker
+  protocol, searches, trials, verdicts and their confirmation, the store's clock;
+- ``access/`` (auth and limits): tokens, roles, rate limits, request bodies;
+- ``demand/`` (misses and demand): misses reported, the jobs they queue, re-tuning;
 - repositories (take a session, never commit): ``fleet`` (chips, software, workers),
-  ``jobs`` (sweeps and jobs), ``trials`` (trials and outcomes), ``configs`` (best configs:
-  promotion, import/export, history, nearest), ``queue`` (leases), ``views`` (rows → public);
-- operations (open a transaction): ``protocol`` (the worker protocol, reaping, cancelling),
-  ``lookup`` (single-key lookup and its cache), ``misses`` (demand-driven tuning);
-- ``searches``: each running job's search in memory, rebuilt from its trials (their one record);
+  ``configs`` (best configs: promotion, import/export, history, nearest), ``views`` (rows →
+  public); ``lookup`` (single-key lookup and its cache), ``index`` and ``exports`` (what the read
+  routes serve from memory);
 - ``specs``: requests checked against the kernels' specs; ``errors``: errors with a code;
 - ``failpoints``: named seams where a test makes the server crash or fail on purpose;
 - ``logs``, ``request_ids``, ``tracing``: the processes' log lines (text or JSON), each request's

@@ -31,7 +31,7 @@ async def report_misses(
     """Count a batch of misses (checked whole: a bad entry changes nothing) and queue, within the
     demand budget (``TILETUNE_DEMAND_JOBS_PER_CHIP_HOUR``), the most missed keys past the threshold.
 
-    See :mod:`tiletune.service.misses` for the policy. Each token may send
+    See :mod:`tiletune.service.demand.misses` for the policy. Each token may send
     ``TILETUNE_MISS_REPORTS_PER_S`` batches a second (bursts of ``TILETUNE_MISS_REPORT_BURST``);
     beyond, 429 ``rate_limited`` with ``Retry-After`` (the client keeps the batch for later).
     The batch is checked and counted off the event loop, where the replica writes its misses.

@@ -24,7 +24,6 @@ from tiletune.client.wire import (
     SweepSummaryPublic,
     TrialPublic,
 )
-from tiletune.service import jobs
 from tiletune.service.dependencies import (
     DatabaseDep,
     IdPath,
@@ -35,6 +34,7 @@ from tiletune.service.dependencies import (
     SweepLimitDep,
 )
 from tiletune.service.errors import InvalidInputError, RateLimitedError
+from tiletune.service.scheduling import jobs
 from tiletune.service.views import job_public, lease_workers, sweep_public, sweep_summaries, trial_public
 
 router = APIRouter(prefix="/v1", tags=["sweeps and jobs"])

@@ -54,7 +54,7 @@ def register_worker(
     403 for a chip other than the worker token's own (its first registration binds an unbound one).
     Software new to the chip turns its bests measured with other software stale: right after, the
     most launched of them are queued for re-tuning, at most ``TILETUNE_RETUNE_BUDGET`` per change
-    (see ``tiletune.service.retune``).
+    (see ``tiletune.service.demand.retune``).
     """
     registered = protocol.register(worker, caller)
     request.app.state.services.retune.after_registration(worker.chip.name)

@@ -4,7 +4,7 @@ Builds the engines, database, queue, searches, worker protocol and miss counter 
 settings (nothing at import time), mounts the ``/v1`` routers, turns every
 :class:`~tiletune.service.errors.ServiceError` and validation error into a
 JSON ``ErrorBody`` (validation errors name the field; a 405 names the path's methods in
-``Allow``), guards request bodies (:mod:`tiletune.service.bodies`: a cap per route under
+``Allow``), guards request bodies (:mod:`tiletune.service.access.bodies`: a cap per route under
 ``max_body_bytes``, a deadline, large ones checked off the event loop), gives every request an
 id and an access line (:mod:`tiletune.service.request_ids`), traces when configured
 (:mod:`tiletune.service.tracing`), and, while serving, returns the jobs of expired leases to
@@ -37,24 +37,24 @@ from starlette.routing import compile_path
 
 from tiletune.client.wire import REQUEST_ID_HEADER, ErrorBody
 from tiletune.service import api_configs, api_misses, api_sweeps, api_tokens, api_workers, dashboard, tracing
-from tiletune.service.auth import Identity, Tokens
-from tiletune.service.bodies import BodyGuard
-from tiletune.service.body_json import error_field_and_message, not_json_message
+from tiletune.service.access.auth import Identity, Tokens
+from tiletune.service.access.bodies import BodyGuard
+from tiletune.service.access.body_json import error_field_and_message, not_json_message
+from tiletune.service.access.ratelimit import RateLimiter
 from tiletune.service.database import Clock, Database, disk_full, is_sqlite, make_engine, make_sessions
-from tiletune.service.demand import MissPolicy
+from tiletune.service.demand.misses import Misses
+from tiletune.service.demand.policy import MissPolicy
+from tiletune.service.demand.retune import RetunePolicy, Retuner
 from tiletune.service.dependencies import authenticate
 from tiletune.service.errors import ServiceError, StorageFullError, UnavailableError, error_headers
 from tiletune.service.metrics import RequestTimer, ServiceMetrics
-from tiletune.service.misses import Misses
-from tiletune.service.protocol import WorkerProtocol
-from tiletune.service.queue import JobQueue, LeaseSettings
-from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.reads import Reads
 from tiletune.service.request_ids import RequestIds, current_request_id
-from tiletune.service.retune import RetunePolicy, Retuner
-from tiletune.service.searches import SearchHost
+from tiletune.service.scheduling.protocol import WorkerProtocol
+from tiletune.service.scheduling.queue import JobQueue, LeaseSettings
+from tiletune.service.scheduling.searches import SearchHost
+from tiletune.service.scheduling.store_clock import StoreClock
 from tiletune.service.settings import Settings
-from tiletune.service.store_clock import StoreClock
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,8 @@ class Services:
 
 def build_services(settings: Settings, clock: Clock | None = None) -> Services:
     """Engines, database, queue, searches and protocol for ``settings``; times from ``clock``, by
-    default the store's (:class:`~tiletune.service.store_clock.StoreClock`, measured here first)."""
+    default the store's (:class:`~tiletune.service.scheduling.store_clock.StoreClock`, measured here
+    first)."""
     writes = make_engine(settings.db_url)
     store_clock = None
     if clock is None:

@@ -13,10 +13,10 @@ PostgreSQL URLs are taken as given (``postgresql://`` is read as psycopg 3).
 
 :class:`Database` is what the service's operations hold: a write and a read session factory,
 the injected clock, and the generation of the best configs. The rule for transactions: the
-repositories (:mod:`~tiletune.service.fleet`, :mod:`~tiletune.service.jobs`,
-:mod:`~tiletune.service.configs`, :mod:`~tiletune.service.queue`,
+repositories (:mod:`~tiletune.service.fleet`, :mod:`~tiletune.service.scheduling.jobs`,
+:mod:`~tiletune.service.configs`, :mod:`~tiletune.service.scheduling.queue`,
 :mod:`~tiletune.service.views`) take a session and never commit; only the operations (the
-routes, :mod:`~tiletune.service.protocol`, :mod:`~tiletune.service.misses`,
+routes, :mod:`~tiletune.service.scheduling.protocol`, :mod:`~tiletune.service.demand.misses`,
 :mod:`~tiletune.service.lookup`) open one, with :meth:`Database.write` or :meth:`Database.read`.
 """
 

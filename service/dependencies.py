@@ -1,6 +1,6 @@
 """FastAPI dependencies as ``Annotated`` aliases: the routes' way to reach the services and the caller.
 
-The caller's identity comes from ``Authorization: Bearer`` (:mod:`tiletune.service.auth`);
+The caller's identity comes from ``Authorization: Bearer`` (:mod:`tiletune.service.access.auth`);
 ``ReaderDep`` lets anonymous callers through when reads are open, the role dependencies
 never do. The dependencies are ``async``, so resolving them costs no thread-pool hop; a token
 the replica verified recently is known without the database, any other is verified in the
@@ -17,13 +17,13 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from tiletune.client.wire import MAX_DB_INT, Role
-from tiletune.service.auth import ANONYMOUS, Identity, Tokens, require
+from tiletune.service.access.auth import ANONYMOUS, Identity, Tokens, require
+from tiletune.service.access.ratelimit import RateLimiter, address_key
 from tiletune.service.database import Database
+from tiletune.service.demand.misses import Misses
 from tiletune.service.errors import RateLimitedError, UnauthorizedError
-from tiletune.service.misses import Misses
-from tiletune.service.protocol import WorkerProtocol
-from tiletune.service.ratelimit import RateLimiter, address_key
 from tiletune.service.reads import Reads
+from tiletune.service.scheduling.protocol import WorkerProtocol
 from tiletune.service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="a tiletune token (`tiletune token create`)")
@@ -84,12 +84,12 @@ async def authenticate(tokens: Tokens, failures: RateLimiter, secret: str, addre
     """The identity of a presented token, failed authentications limited per client address.
 
     A token verified recently is known without the database. Any other takes one of its
-    address's failures (:func:`~tiletune.service.ratelimit.address_key`;
+    address's failures (:func:`~tiletune.service.access.ratelimit.address_key`;
     ``TILETUNE_AUTH_FAILURES_PER_S``, bursts of ``TILETUNE_AUTH_FAILURE_BURST``) before it is
     looked up, given back unless it is unknown or revoked (401), so concurrent guesses cannot
     pass the limit together. An address that has spent its failures gets 429 ``rate_limited``
     without a query, except for a token among the replica's live digests
-    (:meth:`~tiletune.service.auth.Tokens.may_be_live`): a valid token is never refused for
+    (:meth:`~tiletune.service.access.auth.Tokens.may_be_live`): a valid token is never refused for
     what others guessed from its address.
     """
     remembered = tokens.remembered(secret)

@@ -19,7 +19,7 @@ in tests, never share counts). What it exposes, per replica:
   ``default``), as clients report them (``POST /v1/client-stats``); with the lookups, every
   launch of the clients that report;
 - ``tiletune_clock_skew_seconds`` (gauge): how far the database's clock is ahead of this
-  replica's (negative: behind), as :mod:`~tiletune.service.store_clock` last measured it; the
+  replica's (negative: behind), as :mod:`~tiletune.service.scheduling.store_clock` last measured it; the
   times the replica writes and compares are the database's all the same;
 - the process's own: ``process_*`` (CPU seconds, resident and virtual memory, open file
   descriptors, start time), ``python_info`` and ``python_gc_*`` (``prometheus-client``'s process,

@@ -15,10 +15,10 @@ Tables:
 - ``best_configs`` (the promoted winner per kernel, version, shape, dtype,
   chip) and ``promotions`` (every promotion, for history);
 - ``misses`` (keys clients answered with ``nearest`` or ``default``: how
-  often, and the demand job queued for them; see ``tiletune.service.misses``);
+  often, and the demand job queued for them; see ``tiletune.service.demand.misses``);
 - ``key_usage`` (launches per key and chip: server lookups and clients' per-key counts; see
-  ``tiletune.service.key_usage``), ``retune_plans`` and ``retunes`` (stale keys queued for
-  re-tuning after a software change; see ``tiletune.service.retune``);
+  ``tiletune.service.demand.key_usage``), ``retune_plans`` and ``retunes`` (stale keys queued for
+  re-tuning after a software change; see ``tiletune.service.demand.retune``);
 - ``browser_sessions`` (a signed-in browser: its session id's digest and the token that
   signed in; see ``tiletune.service.dashboard.session``).
 """
@@ -156,7 +156,7 @@ class WorkerRow(Base):
     #: Kernel name -> the version this worker runs (jobs of other versions pass it by).
     kernel_versions: Mapped[JsonDict | None]
     #: Kernel name -> the implementations this worker runs of it, in the kernel's order (what it
-    #: leases: :mod:`tiletune.service.backends`); NULL from a worker that does not report them.
+    #: leases: :mod:`tiletune.service.scheduling.backends`); NULL from a worker that does not report them.
     kernel_backends: Mapped[JsonDict | None]
     #: The token (``tokens.id``) the worker registered with: only it may lease and write as this
     #: worker. No foreign key (tokens are revoked, never deleted; SQLite adds no key in place).
@@ -388,7 +388,7 @@ class MissRow(Base):
 class KeyUsageRow(Base):
     """How often one key (kernel, version, canonical shape, dtype) was launched on a registered chip:
     the server's exact lookups of it and the per-key counts clients report with their stats
-    (see :mod:`tiletune.service.key_usage`). Re-tuning after a software change takes the most
+    (see :mod:`tiletune.service.demand.key_usage`). Re-tuning after a software change takes the most
     launched stale keys first."""
 
     __tablename__ = "key_usage"
@@ -407,7 +407,7 @@ class KeyUsageRow(Base):
 class RetunePlanRow(Base):
     """One chip's re-tuning planned for one software change (at most one per chip and software):
     how many of its keys were stale then and how many jobs it queued
-    (see :mod:`tiletune.service.retune`)."""
+    (see :mod:`tiletune.service.demand.retune`)."""
 
     __tablename__ = "retune_plans"
     __table_args__ = (UniqueConstraint("chip_id", "software_id"),)

@@ -3,7 +3,7 @@
 :meth:`Reads.lookup` is the single-key lookup as the route answers it: the key parsed (from the
 cache of recent shape texts), then an exact hit served from the index as its pre-serialised
 body, with no thread-pool hop, no ORM and no validation (counted per key in memory:
-:class:`~tiletune.service.key_usage.KeyUsage`, what re-tuning ranks stale keys by); anything else
+:class:`~tiletune.service.demand.key_usage.KeyUsage`, what re-tuning ranks stale keys by); anything else
 (nearest, default, not found) through :func:`tiletune.service.lookup.lookup` in the thread pool,
 its answer kept per index version (:class:`~tiletune.service.lookup.LookupCache`).
 """
@@ -16,10 +16,10 @@ from fastapi.concurrency import run_in_threadpool
 
 from tiletune.client.wire import MATCH_KINDS
 from tiletune.service.database import Database
+from tiletune.service.demand.key_usage import KeyUsage
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.exports import Exports
 from tiletune.service.index import BestIndex
-from tiletune.service.key_usage import KeyUsage
 from tiletune.service.lookup import LookupCache, ShapeTexts, lookup
 from tiletune.service.metrics import ServiceMetrics
 

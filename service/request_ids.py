@@ -18,7 +18,7 @@ characters of ``A-Z a-z 0-9 . _ -``), else a new one (32 hex digits, a random UU
   before its answer is status 499 (:class:`RequestOutcome`), never a 500.
 
 Messages pass through unchanged, one at a time: streamed answers and the body limits of
-:mod:`tiletune.service.bodies` work as without it.
+:mod:`tiletune.service.access.bodies` work as without it.
 """
 
 from __future__ import annotations

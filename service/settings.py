@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 from pydantic import Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from tiletune.service.access.token_strength import token_weakness, weak_token_message
 from tiletune.service.database import default_url
-from tiletune.service.token_strength import token_weakness, weak_token_message
 
 #: The longest a browser session may be allowed to last (30 days).
 MAX_SESSION_S = 30 * 24 * 3600.0
@@ -37,7 +37,7 @@ class Settings(BaseSettings):
       changed (its exact lookups and exports reflect them within twice that; its own at once);
     - ``miss_queue_threshold``: reports of one missed key after which the server
       queues a job to tune it (0 turns demand-driven tuning off); ``miss_trials``:
-      the trials of such a job (see ``tiletune.service.misses``); ``miss_reports_per_s`` and
+      the trials of such a job (see ``tiletune.service.demand.misses``); ``miss_reports_per_s`` and
       ``miss_report_burst``: the miss reports each token may send (429 beyond; 0: no limit);
     - ``demand_jobs_per_chip_hour``: the demand budget, the most jobs misses may queue on one
       chip in any hour, counted in the store across replicas (the most missed keys first; 0
@@ -46,15 +46,15 @@ class Settings(BaseSettings):
       driver upgrade: the chip's best configs measured with other software turn stale), the most
       re-tuning jobs queued for that chip and change: its stale keys launched most first (server
       lookups, clients' per-key counts and misses), ``miss_trials`` each (see
-      ``tiletune.service.retune``; 0 turns re-tuning off);
+      ``tiletune.service.demand.retune``; 0 turns re-tuning off);
     - ``admin_token``: the first admin token of a database without one (a deployment's secret;
       without it ``tiletune server`` makes one and shows it once);
     - ``worker_token``: a deployment's secret for its workers (their ``TILETUNE_TOKEN``): made the
       worker token ``deploy-worker`` of every chip at start unless the database has it, live or
-      revoked (a revoked one is never made again; see ``tiletune.service.auth``). To rotate it,
+      revoked (a revoked one is never made again; see ``tiletune.service.access.auth``). To rotate it,
       start the server with the new one, move the workers, then revoke the old;
     - ``admin_token`` and ``worker_token`` must be generated tokens, ``tt_`` and 32 or more random
-      characters (``tiletune.service.token_strength``; placeholders such as ``CHANGE-ME`` are
+      characters (``tiletune.service.access.token_strength``; placeholders such as ``CHANGE-ME`` are
       refused), and differ; empty is unset;
     - ``open_reads``: reads need no token (``None``: ``tiletune server`` opens them on a
       loopback address only; an app made in code keeps them closed);
@@ -72,7 +72,7 @@ class Settings(BaseSettings):
       are ours) and session cookies are ``Secure`` when it is https, without believing any
       forwarded header (``None``: the request's own scheme and ``Host``);
     - ``body_timeout_s``: how long a request's body may take to arrive after its head (408 and
-      the connection closed beyond; see ``tiletune.service.bodies``, which also caps each
+      the connection closed beyond; see ``tiletune.service.access.bodies``, which also caps each
       route's body under ``max_body_bytes``); ``head_timeout_s``: how long a connection may
       take to send a request's head (closed beyond; ``tiletune server`` only);
     - ``sweeps_per_s`` and ``sweep_burst``: the sweeps each token may submit (429 ``rate_limited``
@@ -123,8 +123,8 @@ class Settings(BaseSettings):
     @field_validator("admin_token", "worker_token")
     @classmethod
     def _generated(cls, value: SecretStr | None, info: ValidationInfo) -> SecretStr | None:
-        """A generated token (see ``tiletune.service.token_strength``), never quoted when refused; empty
-        is unset; the worker's must not be the admin's."""
+        """A generated token (see ``tiletune.service.access.token_strength``), never quoted when
+        refused; empty is unset; the worker's must not be the admin's."""
         if value is None or not value.get_secret_value():
             return None
         weakness = token_weakness(value.get_secret_value())

@@ -6,7 +6,7 @@ The wire schemas (``client/wire.py``) are exempt from the module rule: they are 
 read field by field. A function's length is counted from its ``def`` line to its last line
 (decorators aside), nested functions and methods each on their own.
 
-Each module is its own test case, named by its path (``test_module_lines[service/jobs.py]``),
+Each module is its own test case, named by its path (``test_module_lines[service/scheduling/jobs.py]``),
 so a failure says which module broke the rule; a function failure lists each function over
 the rule with its line and length.
 """

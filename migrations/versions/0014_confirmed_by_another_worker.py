@@ -4,7 +4,7 @@
 - ``validation_excluded_worker_id``: the worker whose search trial leads, which may not run the
   job's validation while another worker of its chip is online;
 - ``confirmation``: who measured the winner and who confirmed it, both times and whether they
-  agree (JSON; see ``tiletune.service.confirmation``).
+  agree (JSON; see ``tiletune.service.scheduling.confirmation``).
 
 NULL for every earlier job. Downgrade drops both.
 

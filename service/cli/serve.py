@@ -58,7 +58,7 @@ if TYPE_CHECKING:
     import uvicorn
 
     from tiletune.kernels.device import Device
-    from tiletune.service.auth import Tokens
+    from tiletune.service.access.auth import Tokens
     from tiletune.service.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ def head_timeout_protocol(head_timeout_s: float) -> type[asyncio.Protocol]:
 
     uvicorn bounds neither (an idle connection kept alive is closed after ``timeout_keep_alive``,
     but each byte trickled starts that again), so without it connections trickling their heads
-    pile up. The body's own deadline is :mod:`tiletune.service.bodies`'.
+    pile up. The body's own deadline is :mod:`tiletune.service.access.bodies`'.
     """
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -204,7 +204,7 @@ def uvicorn_server(
 
     _log_to_stderr()
     logging.getLogger(ACCESS_LOGGER).setLevel(logging.NOTSET if access_log else logging.WARNING)
-    # Large bodies are checked in worker threads (tiletune.service.bodies); the event loop takes the
+    # Large bodies are checked in worker threads (tiletune.service.access.bodies); the event loop takes the
     # interpreter back from them within 1 ms instead of Python's default 5 ms, so a request that
     # meets such a check waits a few ms, not tens (each of its awaits may wait one interval).
     sys.setswitchinterval(SWITCH_INTERVAL_S)

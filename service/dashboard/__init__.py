@@ -31,7 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from tiletune.client.wire import ErrorBody
-from tiletune.service.auth import ANONYMOUS
+from tiletune.service.access.auth import ANONYMOUS
 from tiletune.service.dashboard import (
     assets,
     compare_page,

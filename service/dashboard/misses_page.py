@@ -1,6 +1,6 @@
 """``/misses``: the keys clients asked for that nobody tuned, and the button that queues them.
 
-- The table lists the misses of the kernels' current versions (see :mod:`tiletune.service.misses`),
+- The table lists the misses of the kernels' current versions (see :mod:`tiletune.service.demand.misses`),
   highest count first: kernel, shape, dtype, chip, how often it was missed, the last answer
   (``nearest`` or ``default``), the best time if the key is tuned on its chip by now, the job
   queued for it and its state, first and last report. ``show=untuned`` (the default) keeps the
@@ -10,7 +10,7 @@
   live job and the form "Queue a sweep for the selected": ``POST /misses/queue`` with ``csrf``,
   ``miss`` (repeated: miss ids, at most :data:`MAX_SELECTED`), ``trials`` (default: the
   server's ``miss_trials``) and the page's filters. It queues one sweep with one job per
-  chosen key (:func:`tiletune.service.selected_misses.queue_selected`, one write transaction) and sends
+  chosen key (:func:`tiletune.service.demand.selected_misses.queue_selected`, one write transaction) and sends
   the browser back to the page, filters kept, with ``queued=SWEEP`` (and ``live``, ``stale``:
   how many chosen misses it left alone) where a notice lists the new jobs. A reader sees neither the
   checkboxes nor the form, and a reader's POST is refused (403), as is one without the page's
@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.wire import LIVE_JOB_STATES, MAX_DB_INT, Role
 from tiletune.kernels import all_declarations
-from tiletune.service.auth import require
+from tiletune.service.access.auth import require
 from tiletune.service.dashboard.render import render, shape_url
 from tiletune.service.dashboard.session import ViewerDep, read_form
 from tiletune.service.dashboard.tables import (
@@ -45,10 +45,10 @@ from tiletune.service.dashboard.tables import (
     sort_key,
 )
 from tiletune.service.database import aware
+from tiletune.service.demand.selected_misses import SelectedQueued, queue_selected
 from tiletune.service.dependencies import DatabaseDep, SettingsDep
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, MissRow
-from tiletune.service.selected_misses import SelectedQueued, queue_selected
 from tiletune.service.specs import lookup_kernel
 
 router = APIRouter(include_in_schema=False)

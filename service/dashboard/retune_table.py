@@ -1,5 +1,5 @@
 """The compare page's re-tuning table (``table=retunes``): one chip's stale keys queued for
-re-tuning after its software changed (:mod:`tiletune.service.retune`), newest first.
+re-tuning after its software changed (:mod:`tiletune.service.demand.retune`), newest first.
 
 Each row: the key, the launches that ranked it, the software change, its job and the job's
 state, the old best's time when it was queued (``old_ms``), and once the job's validation ran:

@@ -36,7 +36,7 @@ from fastapi.concurrency import run_in_threadpool
 from sqlalchemy import ColumnElement, delete, or_, select, update
 
 from tiletune.client.wire import Role
-from tiletune.service.auth import ANONYMOUS, Identity
+from tiletune.service.access.auth import ANONYMOUS, Identity
 from tiletune.service.database import Database, aware
 from tiletune.service.dependencies import DatabaseDep, SettingsDep, authenticate_request, settings_of
 from tiletune.service.errors import ForbiddenError, InvalidInputError

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 
-from tiletune.service.auth import ANONYMOUS
+from tiletune.service.access.auth import ANONYMOUS
 from tiletune.service.dashboard.render import render
 from tiletune.service.dashboard.session import (
     COOKIE,

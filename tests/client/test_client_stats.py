@@ -27,9 +27,9 @@ from tiletune.client import AsyncConfigClient, ClientSettings, ConfigClient
 from tiletune.client.wire import MAX_REPORTED_ANSWERS
 from tiletune.kernels import client_settings
 from tiletune.service import api_misses
+from tiletune.service.access.ratelimit import RateLimiter
 from tiletune.service.app import create_app
 from tiletune.service.migrate import upgrade
-from tiletune.service.ratelimit import RateLimiter
 from tiletune.service.settings import Settings
 
 from .conftest import CHIP, LiveServer, free_port

@@ -5,7 +5,7 @@ kernel (counts 1, 2, 3) with demand tuning off: the page's button is what queues
 fleet's tests queue nothing; the button's test, which has a worker tune what it queued, runs on
 a server of its own set up the same way (:func:`own_fleet`), so the session's fleet holds what
 the other pages' tests expect. The in-process tests check the rules
-of queueing (:func:`tiletune.service.selected_misses.queue_selected` through ``POST /misses/queue``) on
+of queueing (:func:`tiletune.service.demand.selected_misses.queue_selected` through ``POST /misses/queue``) on
 a store of their own.
 """
 

@@ -311,7 +311,7 @@ def test_failed_authentications_are_limited_per_address_and_valid_tokens_pass(da
 
 def _auth_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     """What the tokens' module said (other loggers may be louder after a server's start in this process)."""
-    return [record.getMessage() for record in caplog.records if record.name == "tiletune.service.auth"]
+    return [record.getMessage() for record in caplog.records if record.name == "tiletune.service.access.auth"]
 
 
 def test_an_admin_token_the_database_does_not_know_is_ignored_with_a_warning(
@@ -319,7 +319,7 @@ def test_an_admin_token_the_database_does_not_know_is_ignored_with_a_warning(
 ) -> None:
     upgrade(database_url)
     create_app(Settings(db_url=database_url, admin_token=ADMIN_SECRET), reaper=False)  # the first admin
-    caplog.set_level(logging.WARNING, logger="tiletune.service.auth")
+    caplog.set_level(logging.WARNING, logger="tiletune.service.access.auth")
 
     create_app(Settings(db_url=database_url, admin_token=ADMIN_SECRET), reaper=False)
     assert _auth_warnings(caplog) == []  # a known token: nothing to say

@@ -1,6 +1,6 @@
 """Request bodies: each route's cap, JSON structure bounded before validation, large bodies checked
 off the event loop, only from callers the route takes, and a deadline for a body (and a head) to
-arrive (:mod:`tiletune.service.bodies`, :mod:`tiletune.service.body_json`,
+arrive (:mod:`tiletune.service.access.bodies`, :mod:`tiletune.service.access.body_json`,
 :func:`tiletune.service.cli.serve.head_timeout_protocol`).
 
 The caps are measured here: the largest body each route's wire model accepts (compact JSON,
@@ -39,9 +39,15 @@ from tiletune.client.wire import (
     TellCreate,
     software_text,
 )
+from tiletune.service.access.bodies import NO_BODY_BYTES, ROUTE_BODIES, SMALL_BODY_BYTES, route_body
+from tiletune.service.access.body_json import (
+    MAX_DEPTH,
+    MAX_ELEMENTS,
+    MAX_KEYS,
+    BodyRefusedError,
+    check_structure,
+)
 from tiletune.service.app import create_app
-from tiletune.service.bodies import NO_BODY_BYTES, ROUTE_BODIES, SMALL_BODY_BYTES, route_body
-from tiletune.service.body_json import MAX_DEPTH, MAX_ELEMENTS, MAX_KEYS, BodyRefusedError, check_structure
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 

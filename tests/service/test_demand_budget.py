@@ -1,4 +1,4 @@
-"""The demand budget and the bounds of miss reports (``tiletune.service.misses`` states the contract).
+"""The demand budget and the bounds of miss reports (``tiletune.service.demand.misses`` states the contract).
 
 Runs the real app on SQLite and PostgreSQL (``database_url``) with a manual clock, as
 ``test_misses`` does; the replicas test runs two apps on one database, as two servers
@@ -19,8 +19,8 @@ from fastapi.testclient import TestClient
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tiletune.kernels import all_kernels
 from tiletune.service.app import create_app
+from tiletune.service.demand.misses import MAX_MISS_COUNT
 from tiletune.service.migrate import upgrade
-from tiletune.service.misses import MAX_MISS_COUNT
 from tiletune.service.settings import Settings
 
 from .conftest import ManualClock

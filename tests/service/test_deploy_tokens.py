@@ -1,7 +1,7 @@
 """Tokens a deployment supplies: only generated ones start a server, and ``TILETUNE_WORKER_TOKEN`` is a
 worker token the server knows.
 
-- The rule (:mod:`tiletune.service.token_strength`): what the server mints and the documented
+- The rule (:mod:`tiletune.service.access.token_strength`): what the server mints and the documented
   commands make passes; placeholders, short, prefix-less and repeated values are refused.
 - ``tiletune server`` (the torch-free install's, a real process) refuses a weak
   ``TILETUNE_ADMIN_TOKEN`` or ``TILETUNE_WORKER_TOKEN`` with exit 2, a message naming the variable
@@ -29,13 +29,13 @@ from sqlalchemy import create_engine, delete, select
 
 from tests.credentials import ADMIN, ADMIN_SECRET, ADMIN_TOKEN
 from tests.service.processes import SERVER_TILETUNE, environment, free_port, start_server, stop
+from tiletune.service.access.auth import DEPLOY_WORKER_NAME, new_secret
+from tiletune.service.access.token_strength import GENERATE_COMMAND, token_weakness
 from tiletune.service.app import create_app
-from tiletune.service.auth import DEPLOY_WORKER_NAME, new_secret
 from tiletune.service.database import normalize_url
 from tiletune.service.migrate import upgrade
 from tiletune.service.models import TokenRow
 from tiletune.service.settings import Settings
-from tiletune.service.token_strength import GENERATE_COMMAND, token_weakness
 
 #: The deployment's worker token of these tests (as ``openssl rand -hex 32`` makes one).
 WORKER_TOKEN = "tt_" + secrets.token_hex(32)
@@ -190,7 +190,7 @@ def test_a_restart_keeps_the_one_worker_token(database_url: str, caplog: pytest.
     upgrade(database_url)
     settings = Settings(db_url=database_url, admin_token=ADMIN_SECRET, worker_token=SecretStr(WORKER_TOKEN))
     create_app(settings, reaper=False)
-    caplog.set_level(logging.INFO, logger="tiletune.service.auth")
+    caplog.set_level(logging.INFO, logger="tiletune.service.access.auth")
     caplog.clear()  # the first start's "is now the worker token" line; the restart must say nothing
 
     with TestClient(create_app(settings, reaper=False)) as client:
@@ -199,7 +199,7 @@ def test_a_restart_keeps_the_one_worker_token(database_url: str, caplog: pytest.
 
     assert (kept["role"], kept["chip"], kept["revoked_at"]) == ("worker", "*", None)
     # The auth module's lines only: other modules log at INFO once a command configured logging.
-    assert [record for record in caplog.records if record.name == "tiletune.service.auth"] == []
+    assert [record for record in caplog.records if record.name == "tiletune.service.access.auth"] == []
 
 
 # -- replicas starting together ---------------------------------------------------------------------

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from tiletune.client.wire import FINAL_JOB_STATES, JobState
-from tiletune.service import lifecycle
 from tiletune.service.database import Database, configs_changed, make_engine, make_sessions
-from tiletune.service.lifecycle import Event, IllegalTransitionError
+from tiletune.service.scheduling import lifecycle
+from tiletune.service.scheduling.lifecycle import Event, IllegalTransitionError
 
 NOW = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -19,7 +19,7 @@ import httpx
 from tests.credentials import ADMIN
 from tests.service.processes import start_server, start_worker, stop
 from tiletune.kernels.native.spec import all_cores
-from tiletune.service.plausibility import REFUSED
+from tiletune.service.scheduling.plausibility import REFUSED
 from tiletune.tuner.measure.worker import Worker
 
 N = 2**20

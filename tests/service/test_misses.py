@@ -2,7 +2,7 @@
 
 Runs the real app on SQLite and PostgreSQL (``database_url``) with a manual
 clock; the test plays the clients that report misses and the worker that
-leases the demand jobs (``tiletune.service.misses`` states the contract).
+leases the demand jobs (``tiletune.service.demand.misses`` states the contract).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Contract suite of re-tuning after a software change (``tiletune.service.retune`` states it) and of
-the launches per key it ranks stale keys by (``tiletune.service.key_usage``).
+"""Contract suite of re-tuning after a software change (``tiletune.service.demand.retune`` states it) and of
+the launches per key it ranks stale keys by (``tiletune.service.demand.key_usage``).
 
 Runs the real app on SQLite and PostgreSQL (``database_url``) with a manual clock; the test plays
 the workers that register (torch 2.13, then 2.14), the clients whose lookups and stats count

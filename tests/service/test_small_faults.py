@@ -38,7 +38,8 @@ from tiletune.service.migrate import upgrade
 from tiletune.service.request_ids import ACCESS_LOGGER, REDACTED
 from tiletune.service.settings import Settings
 
-CHIP = {"name": "cpu/Look Alike Chip/2c", "kind": "cpu", "local_memory_bytes": 1 << 20}
+CHIP_NAME = "cpu/Look Alike Chip/2c"
+CHIP = {"name": CHIP_NAME, "kind": "cpu", "local_memory_bytes": 1 << 20}
 WORKER = {"name": "w", "chip": CHIP, "backends": ["torch"]}
 
 
@@ -195,12 +196,12 @@ def test_a_chip_registered_meanwhile_under_the_very_name_is_no_look_alike() -> N
         engine = create_engine(normalize_url(url))
         try:
             with Session(engine) as earlier, earlier.begin():
-                assert fleet.chip_by_name(earlier, CHIP["name"]) is None
+                assert fleet.chip_by_name(earlier, CHIP_NAME) is None
                 app = create_app(Settings(db_url=url, admin_token=ADMIN_SECRET), reaper=False)
                 with TestClient(app, headers=ADMIN) as client:
                     assert client.post("/v1/workers", json=WORKER).status_code == 201
-                fleet.refuse_look_alike(earlier, CHIP["name"])
+                fleet.refuse_look_alike(earlier, CHIP_NAME)
                 with pytest.raises(ConflictError):
-                    fleet.refuse_look_alike(earlier, CHIP["name"].upper())
+                    fleet.refuse_look_alike(earlier, CHIP_NAME.upper())
         finally:
             engine.dispose()

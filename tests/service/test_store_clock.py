@@ -4,7 +4,7 @@
   ahead (libfaketime preloaded): a lease heartbeated every second, alternately through either,
   lives through several lease times while both reap; the shifted replica reports its skew
   (``tiletune_clock_skew_seconds``) and warns.
-- :class:`~tiletune.service.store_clock.StoreClock` in process, on real PostgreSQL and SQLite: the
+- :class:`~tiletune.service.scheduling.store_clock.StoreClock` in process, on real PostgreSQL and SQLite: the
   offset of a shifted host clock is measured and taken off, and kept while the database cannot be
   reached; SQLite is the host's clock, with no query.
 """
@@ -26,10 +26,10 @@ from tests.service.processes import start_server, stop
 from tests.service.test_miss_reports_and_heartbeats import lease_a_job, token
 from tiletune.service.database import normalize_url, utc_now
 from tiletune.service.migrate import upgrade
-from tiletune.service.store_clock import StoreClock
+from tiletune.service.scheduling.store_clock import StoreClock
 
 FAKETIME_LIB = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
-STORE_CLOCK_LOGGER = "tiletune.service.store_clock"
+STORE_CLOCK_LOGGER = "tiletune.service.scheduling.store_clock"
 AHEAD_S = 120.0
 AHEAD = {
     "LD_PRELOAD": FAKETIME_LIB,

@@ -14,7 +14,7 @@ Functions take the caller's session and never commit (see :mod:`tiletune.service
 A sweep's ``backend`` must be one its kernels declare (their ``implementations``: what they have
 on any machine, never what the server's own machine builds); its jobs keep it.
 A sweep that names none makes jobs with no backend (``NULL``): each runs the implementation its
-first lease's worker prefers (:mod:`tiletune.service.queue`). Whether a worker can run a named
+first lease's worker prefers (:mod:`tiletune.service.scheduling.queue`). Whether a worker can run a named
 backend is the lease's business.
 """
 
@@ -33,12 +33,12 @@ from sqlalchemy.orm import Session, defer
 from tiletune.client.wire import ANY_CHIP, LIVE_JOB_STATES, JobState, Role, SweepCreate, SweepPublic
 from tiletune.kernels import KernelDeclaration, Shape
 from tiletune.kernels.declaration import format_bytes
-from tiletune.service import lifecycle
-from tiletune.service.auth import Identity
+from tiletune.service.access.auth import Identity
 from tiletune.service.configs import JobKey, tuned_on_newest_software
 from tiletune.service.errors import ConflictError, ForbiddenError, InvalidInputError, NotFoundError
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.models import JobRow, SweepRow, TrialRow
+from tiletune.service.scheduling import lifecycle
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import sweep_public
 

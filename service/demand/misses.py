@@ -1,8 +1,8 @@
 """Misses: the keys clients asked for that nobody tuned, counted as clients report them.
 
 A client whose lookup answered ``nearest`` or ``default`` reports the key (off the launch path,
-in batches); the keys reported most queue jobs that tune them (:mod:`tiletune.service.demand`),
-and a person may queue chosen ones (:mod:`tiletune.service.selected_misses`).
+in batches); the keys reported most queue jobs that tune them (:mod:`tiletune.service.demand.policy`),
+and a person may queue chosen ones (:mod:`tiletune.service.demand.selected_misses`).
 
 Contract (one suite of tests runs it on SQLite and PostgreSQL):
 
@@ -21,7 +21,7 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
   batch's number of entries.
 - Writes are bounded: the keys are added in sorted order by one bulk upsert per
   transaction of at most :data:`REPORT_CHUNK_KEYS` keys, one report (or demand pass) of a
-  replica at a time (:mod:`tiletune.service.miss_writer`). A batch is therefore not
+  replica at a time (:mod:`tiletune.service.demand.miss_writer`). A batch is therefore not
   atomic against a database fault: a failure part way leaves the transactions
   already committed counted (a client's retry counts those keys twice).
 - Misses on a chip no worker registered are counted (``chip_id`` NULL) but
@@ -53,9 +53,9 @@ from sqlalchemy.orm import Session
 from tiletune.client.wire import MissesCreate, MissesPublic, MissPublic, MissReport
 from tiletune.kernels import KernelDeclaration, Shape, all_declarations
 from tiletune.service.database import Database, aware
-from tiletune.service.demand import Demand, MissPolicy
-from tiletune.service.miss_keys import KEY_COLUMNS, MissKey, current_versions
-from tiletune.service.miss_writer import MissWriter
+from tiletune.service.demand.miss_keys import KEY_COLUMNS, MissKey, current_versions
+from tiletune.service.demand.miss_writer import MissWriter
+from tiletune.service.demand.policy import Demand, MissPolicy
 from tiletune.service.models import ChipRow, MissRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 

@@ -17,7 +17,7 @@ Every request that carries a body passes :class:`BodyGuard` (pure ASGI middlewar
   never parsed for a caller the route would refuse.
 - **structure**: such a body is then checked in a worker thread (at most
   :data:`MAX_CHECKS_AT_ONCE` at a time), so the event loop keeps serving
-  (:mod:`tiletune.service.body_json`): first its structure, scanned before anything is built
+  (:mod:`tiletune.service.access.body_json`): first its structure, scanned before anything is built
   from it (at most ``MAX_DEPTH`` levels, ``MAX_KEYS`` keys per object, ``MAX_ELEMENTS``
   elements per array, and the route's most values; 413 ``too_large`` naming the limit and the
   byte where it was passed); then it is parsed and validated against the route's model, lists
@@ -56,8 +56,8 @@ from tiletune.client.wire import (
     TokenCreate,
     WorkerCreate,
 )
-from tiletune.service.auth import Identity, require
-from tiletune.service.body_json import BodyRefusedError, check_json, too_large
+from tiletune.service.access.auth import Identity, require
+from tiletune.service.access.body_json import BodyRefusedError, check_json, too_large
 from tiletune.service.dashboard.session import MAX_FORM_BYTES
 from tiletune.service.errors import ServiceError, UnauthorizedError
 

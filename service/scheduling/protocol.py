@@ -11,23 +11,23 @@ together; each operation is one transaction (:meth:`Database.write`). Guarantees
   (:func:`tiletune.tuner.search.finalists.finalists`: the top configs, the default, the key's
   current best, torch's op: :func:`~tiletune.service.specs.vendor_finalist`), measured interleaved:
   never the lease of the worker whose search trial leads while another worker of its chip and
-  software is online (:mod:`tiletune.service.confirmation`; the leader is answered ``done``);
+  software is online (:mod:`tiletune.service.scheduling.confirmation`; the leader is answered ``done``);
 - ``tell`` is idempotent per trial: a repeated outcome is counted once; a time faster than the
-  chip can run the call is stored ``failed`` (:mod:`tiletune.service.plausibility`);
+  chip can run the call is stored ``failed`` (:mod:`tiletune.service.scheduling.plausibility`);
 - ``complete`` promotes a config only when it beats torch's op and the default (else the first of
   them that ran), then the key's current best, beyond that same run's spread
   (:func:`tiletune.tuner.search.finalists.judge`), and the workers do not disagree on it, then
-  ends the job (:func:`tiletune.service.verdicts.settle`); a kept best measured with older
-  software is re-validated with the worker's (:func:`tiletune.service.retune.revalidate`);
+  ends the job (:func:`tiletune.service.scheduling.verdicts.settle`); a kept best measured with older
+  software is re-validated with the worker's (:func:`tiletune.service.demand.retune.revalidate`);
 - a lease that ends without a tell (released, expired) abandons its outstanding trials:
   they are asked again. Only trials under live leases are held: a trial left ``asked`` under
   a lease that is over (a crash between the reaper's commit and the abandon step) is
   abandoned when the job's search is next rebuilt, and before any ``wait`` is answered.
 
 The trials table is the one record of each job's search; the searches in memory are rebuilt
-from it (:mod:`tiletune.service.searches`).
+from it (:mod:`tiletune.service.scheduling.searches`).
 
-Job states change only through :mod:`tiletune.service.lifecycle`.
+Job states change only through :mod:`tiletune.service.scheduling.lifecycle`.
 """
 
 from __future__ import annotations
@@ -57,19 +57,19 @@ from tiletune.client.wire import (
     WorkerCreate,
     WorkerPublic,
 )
-from tiletune.service import configs, confirmation, failpoints, fleet, jobs, lifecycle
-from tiletune.service.auth import Identity
+from tiletune.service import configs, failpoints, fleet
+from tiletune.service.access.auth import Identity
 from tiletune.service.configs import JobKey
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ConflictError, InvalidInputError, LeaseLostError
-from tiletune.service.lifecycle import Event
 from tiletune.service.metrics import ServiceMetrics
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow
-from tiletune.service.plausibility import checked, floor_of
-from tiletune.service.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
-from tiletune.service.searches import SearchHost
-from tiletune.service.specs import vendor_finalist
-from tiletune.service.trials import (
+from tiletune.service.scheduling import confirmation, jobs, lifecycle
+from tiletune.service.scheduling.lifecycle import Event
+from tiletune.service.scheduling.plausibility import checked, floor_of
+from tiletune.service.scheduling.queue import MAX_CLAIM_ATTEMPTS, JobQueue, Missed
+from tiletune.service.scheduling.searches import SearchHost
+from tiletune.service.scheduling.trials import (
     asked_again,
     asked_trials,
     asked_under_leases_over,
@@ -78,9 +78,10 @@ from tiletune.service.trials import (
     record_outcome,
     validation_rows,
 )
-from tiletune.service.verdicts import settle
+from tiletune.service.scheduling.verdicts import settle
+from tiletune.service.scheduling.warm_start import warm_start_configs
+from tiletune.service.specs import vendor_finalist
 from tiletune.service.views import job_public, worker_public
-from tiletune.service.warm_start import warm_start_configs
 from tiletune.tuner.search.finalists import finalists
 from tiletune.tuner.search.search import Search
 
@@ -213,7 +214,7 @@ class WorkerProtocol:
 
     def _validation_or_done(self, session: Session, job: JobRow, lease: LeaseRow) -> AskPublic:
         """The validation run when ``lease`` validates ``job`` (taking it when none does and its
-        worker may: :func:`~tiletune.service.confirmation.may_validate`), else ``done``."""
+        worker may: :func:`~tiletune.service.scheduling.confirmation.may_validate`), else ``done``."""
         online_s, now = self.queue.settings.lease_s, self.db.clock()
         if job.validator_lease_id is None and confirmation.may_validate(
             session, job, lease.worker_id, now, online_s
@@ -271,8 +272,9 @@ class WorkerProtocol:
     def _search(self, session: Session, job: JobRow) -> Search:
         """The job's search (hold its lock): the one in memory if current, else rebuilt from its trials.
 
-        A job without trials yet is warm-started (:func:`tiletune.service.warm_start.warm_start_configs`:
-        the nearest tuned shapes' best configs on its chip, then its key's best on other chips).
+        A job without trials yet is warm-started
+        (:func:`tiletune.service.scheduling.warm_start.warm_start_configs`: the nearest tuned shapes'
+        best configs on its chip, then its key's best on other chips).
         """
         found = self.searches.cached(job)
         if found is not None:

@@ -18,7 +18,7 @@
 - ``TILETUNE_WORKER_TOKEN`` (a deployment's secret for its workers) becomes the worker token
   ``deploy-worker`` of every chip at start unless a token with its digest exists, live or revoked:
   a revoked one is never made again (:meth:`Tokens.provision_worker`).
-- Both must be generated tokens (:mod:`tiletune.service.token_strength`; the settings refuse
+- Both must be generated tokens (:mod:`tiletune.service.access.token_strength`; the settings refuse
   others), and so is every token made here.
 
 Verified tokens are remembered for ``cache_s`` per replica (a revocation in this replica is
@@ -43,10 +43,10 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
 from tiletune.client.wire import ANY_CHIP, Role, TokenCreated, TokenPublic
+from tiletune.service.access.token_strength import TOKEN_PREFIX, token_weakness
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from tiletune.service.models import TokenRow
-from tiletune.service.token_strength import TOKEN_PREFIX, token_weakness
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,8 @@ ANONYMOUS = Identity(None, "anonymous", None)
 
 def new_secret() -> str:
     """A fresh token: the prefix and 256 random bits, a generated token by
-    :func:`~tiletune.service.token_strength.token_weakness` (drawn again in the rare case it is not)."""
+    :func:`~tiletune.service.access.token_strength.token_weakness` (drawn again in the rare case it
+    is not)."""
     while True:
         secret = TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
         if token_weakness(secret) is None:

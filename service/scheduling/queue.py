@@ -7,13 +7,13 @@ PostgreSQL, through the worker protocol):
 - ``claim(session, worker, skipped)`` gives the worker the oldest job its chip and backends can
   run (a ``queued`` job for its chip or for any chip, a ``running`` job of its chip with room for
   another worker, or a ``validating`` job of its chip waiting for a worker other than its leader
-  to confirm it: :mod:`tiletune.service.confirmation`) and returns the lease, or ``None``;
+  to confirm it: :mod:`tiletune.service.scheduling.confirmation`) and returns the lease, or ``None``;
   ``Missed.RACE`` when another claimer won the race or the job turned out tuned already. Claims
   are a compare-and-set on the job's ``active_leases`` (and its backend), so two workers never
   both take the last place on a job; PostgreSQL also selects with ``FOR UPDATE SKIP LOCKED`` so
   concurrent claimers do not wait on each other. A job of any chip binds to the chip that first
   leases it; a job that names no backend binds to the one that lease chooses
-  (:mod:`tiletune.service.backends`: the worker's preferred implementation of the kernel), stored
+  (:mod:`tiletune.service.scheduling.backends`: the worker's preferred implementation of the kernel), stored
   on the job, so every later lease, trial and result of the job is of that backend, and only
   workers offering it lease it again.
 - ``fence(session, token, holder)`` returns the lease and its job for a write, or raises
@@ -27,7 +27,7 @@ PostgreSQL, through the worker protocol):
 - ``reap(session)`` ends every expired lease (as failed) and returns ``(job_id, lease_id)``
   of each, so the caller can abandon their outstanding trials.
 
-Every change of a job's state is the lifecycle's (:mod:`tiletune.service.lifecycle`).
+Every change of a job's state is the lifecycle's (:mod:`tiletune.service.scheduling.lifecycle`).
 """
 
 from __future__ import annotations
@@ -41,15 +41,15 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import ANY_CHIP, JobState
-from tiletune.service import lifecycle
-from tiletune.service.backends import Offer, chosen_backend, offered_backends, runnable
 from tiletune.service.configs import JobKey, tuned_on_software
-from tiletune.service.confirmation import awaiting_confirmer
 from tiletune.service.database import Database, aware
 from tiletune.service.errors import ForbiddenError, LeaseLostError
 from tiletune.service.fleet import chip_limits
-from tiletune.service.lifecycle import Event
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, WorkerRow
+from tiletune.service.scheduling import lifecycle
+from tiletune.service.scheduling.backends import Offer, chosen_backend, offered_backends, runnable
+from tiletune.service.scheduling.confirmation import awaiting_confirmer
+from tiletune.service.scheduling.lifecycle import Event
 from tiletune.service.specs import lookup_kernel
 
 #: Claim attempts per lease request before giving up (others kept winning the race).

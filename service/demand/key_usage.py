@@ -1,4 +1,4 @@
-"""Launches per key: what re-tuning (:mod:`tiletune.service.retune`) ranks stale keys by.
+"""Launches per key: what re-tuning (:mod:`tiletune.service.demand.retune`) ranks stale keys by.
 
 Contract (one suite of tests runs it on SQLite and PostgreSQL):
 

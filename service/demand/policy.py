@@ -9,14 +9,14 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
   registered, it is of the kernel's current version, its bench holds at most ``max_shape_bytes``,
   it has no best config on that chip for that version, no job of the key is live (``queued``,
   ``running``, ``validating``) on that chip, and no job was ever kept on it (demand's, or a
-  person's from :func:`tiletune.service.selected_misses.queue_selected`).
+  person's from :func:`tiletune.service.demand.selected_misses.queue_selected`).
 - The budget: per chip, at most ``jobs_per_chip_hour`` keys queued by demand within the hour
   before the pass (``demand_queued_at``, the database's clock: a sliding hour). When the budget is
   short the eligible keys with the highest count go first (then the most recently reported, then
   the oldest).
 - Each job comes from a sweep named ``demand`` (that shape and dtype, ``chips=[chip]``,
   ``trials``, no backend: its first lease runs the implementation the leasing worker prefers),
-  made by the sweeps' rules and limits (:mod:`tiletune.service.jobs`: ``max_shape_bytes``,
+  made by the sweeps' rules and limits (:mod:`tiletune.service.scheduling.jobs`: ``max_shape_bytes``,
   ``max_jobs_per_sweep``); its id and time are kept on the key. At most one demand job per key:
   one that failed or was cancelled is for a person to look at and submit again.
 
@@ -40,11 +40,11 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.wire import LIVE_JOB_STATES, JobPublic, JobState, SweepCreate
 from tiletune.kernels import all_declarations
-from tiletune.service import jobs
+from tiletune.service.demand.miss_keys import MissKey, current_versions, key_of, same_key
+from tiletune.service.demand.miss_writer import MissWriter
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.miss_keys import MissKey, current_versions, key_of, same_key
-from tiletune.service.miss_writer import MissWriter
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, MissRow
+from tiletune.service.scheduling import jobs
 
 log = logging.getLogger("tiletune.service")
 

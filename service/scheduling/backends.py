@@ -4,7 +4,7 @@ what workers report.
 
 - a kernel's declared ``implementations`` (:class:`~tiletune.kernels.declaration.KernelDeclaration`):
   the backends it has on any machine (``torch``, ``native``, ``triton``, …), whatever this machine
-  builds; a sweep may name any of them (:mod:`tiletune.service.jobs`);
+  builds; a sweep may name any of them (:mod:`tiletune.service.scheduling.jobs`);
 - :func:`offered_backends`: per kernel, the implementations a registered worker runs, the one it
   prefers first. A worker that reports them per kernel (``kernel_backends``) is offered those the
   kernel declares, in the kernel's order, with ``native`` first on a CPU (the rule of a local run

@@ -28,8 +28,8 @@ from sqlalchemy import ColumnElement, and_, exists, or_, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.wire import Config, JobState, TrialState
-from tiletune.service.backends import offered_backends
 from tiletune.service.models import ChipRow, JobRow, LeaseRow, TrialRow, WorkerRow
+from tiletune.service.scheduling.backends import offered_backends
 
 #: How far apart two workers' medians of one config on one chip may be and still agree (either way).
 AGREEMENT_RATIO = 2.0

@@ -13,11 +13,11 @@ Contract (one suite of tests runs it on SQLite and PostgreSQL):
   plans nothing. ``budget`` 0 (``TILETUNE_RETUNE_BUDGET``) turns re-tuning off: nothing is
   planned, and a change made while it was off is planned once it is turned on.
 - A plan takes the chip's stale bests of the kernels' current versions that have no live job on
-  the chip, launched most first (:func:`tiletune.service.key_usage.launches`: the server's exact
+  the chip, launched most first (:func:`tiletune.service.demand.key_usage.launches`: the server's exact
   lookups, clients' per-key counts and misses; this replica's counts are flushed first; then the
   most recently promoted), and queues one job for each of the first ``budget``: a sweep named
   ``retune`` (no owner: the system's; that shape and dtype, ``chips=[chip]``, ``trials``, no
-  backend), made by the sweeps' rules and limits (:mod:`tiletune.service.jobs`; a key they
+  backend), made by the sweeps' rules and limits (:mod:`tiletune.service.scheduling.jobs`; a key they
   refuse is passed over). Each queued key is kept in ``retunes`` with its old best (config,
   time, software) and its launches.
 - The old best is served (marked stale) until the job ends: its validation re-measures it
@@ -49,12 +49,11 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.wire import LIVE_JOB_STATES, JobState, SweepCreate
 from tiletune.kernels import all_declarations
-from tiletune.service import jobs
 from tiletune.service.best_configs import newest_software
 from tiletune.service.database import Database, configs_changed
+from tiletune.service.demand.key_usage import KeyUsage, launches
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.fleet import chip_by_name, newest_software_id
-from tiletune.service.key_usage import KeyUsage, launches
 from tiletune.service.models import (
     BestConfigRow,
     ChipRow,
@@ -64,6 +63,7 @@ from tiletune.service.models import (
     RetuneRow,
     TrialRow,
 )
+from tiletune.service.scheduling import jobs
 
 log = logging.getLogger("tiletune.service")
 

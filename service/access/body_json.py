@@ -1,6 +1,6 @@
 """A JSON body checked before the app builds anything from it: its structure, then its fields.
 
-The checks :class:`~tiletune.service.bodies.BodyGuard` runs, in a worker thread, on a large
+The checks :class:`~tiletune.service.access.bodies.BodyGuard` runs, in a worker thread, on a large
 JSON body of a route with a model; each refuses with :class:`BodyRefusedError`:
 
 - **structure** (:func:`check_structure`): scanned before anything is built from it: at most

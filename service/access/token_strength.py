@@ -36,7 +36,7 @@ MIN_DISTINCT_HEX_CHARS = 8
 #: Fewest repeats of one character in a row that are refused.
 MAX_RUN = 10
 #: Words of example values and placeholders, refused in any case (none can occur in a hex token, and
-#: a minted one that drew one is drawn again: :func:`tiletune.service.auth.new_secret`).
+#: a minted one that drew one is drawn again: :func:`tiletune.service.access.auth.new_secret`).
 PLACEHOLDER_WORDS = ("change", "example", "placeholder", "replace", "password", "secret")
 #: The command that makes a generated token, as error messages and the deploy docs show it.
 GENERATE_COMMAND = "python3 -c \"import secrets; print('tt_' + secrets.token_urlsafe(32))\""

@@ -4,7 +4,7 @@ policy and budget say.
 :func:`queue_selected` queues one sweep named ``misses`` with one job per chosen key, skipping
 keys of an old kernel version and keys with a live job on their chip; each queued job's id is
 kept on its key (replacing an earlier, finished one). Its jobs name no backend: each runs the
-implementation its first lease's worker prefers (:mod:`tiletune.service.backends`).
+implementation its first lease's worker prefers (:mod:`tiletune.service.scheduling.backends`).
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from sqlalchemy.orm import Session
 
 from tiletune.client.wire import JobState, SweepCreate, SweepKernel
 from tiletune.kernels import Shape, all_declarations
-from tiletune.service import jobs
+from tiletune.service.demand.miss_keys import live_job
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.fleet import chip_by_name
-from tiletune.service.miss_keys import live_job
 from tiletune.service.models import MissRow
+from tiletune.service.scheduling import jobs
 
 #: The name of the sweeps a person queues from chosen misses.
 SELECTED_SWEEP = "misses"

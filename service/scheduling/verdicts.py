@@ -1,15 +1,15 @@
 """The end of a job: its validation run judged, confirmed, and its winner promoted or not.
 
-:func:`settle` takes the rows of a validation run (:func:`~tiletune.service.trials.validation_rows`)
-and, in the caller's transaction:
+:func:`settle` takes the rows of a validation run
+(:func:`~tiletune.service.scheduling.trials.validation_rows`) and, in the caller's transaction:
 
 - judges them (:func:`~tiletune.tuner.search.finalists.judge`: the winner, and whether it beats
   the key's best in that run), recording the winner and the default's time on the job;
 - compares the winner's time with the other workers' search times
-  (:func:`~tiletune.service.confirmation.compare`), stored as ``jobs.confirmation``;
+  (:func:`~tiletune.service.scheduling.confirmation.compare`), stored as ``jobs.confirmation``;
 - promotes the winner when it beats the key's best and the workers do not disagree on it; a run
   the key's best won re-validates that best with this software
-  (:func:`~tiletune.service.retune.revalidate`).
+  (:func:`~tiletune.service.demand.retune.revalidate`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session
 
-from tiletune.service import configs, confirmation, failpoints
+from tiletune.service import configs, failpoints
 from tiletune.service.configs import JobKey, Winner
+from tiletune.service.demand.retune import revalidate
 from tiletune.service.models import JobRow, LeaseRow, TrialRow
-from tiletune.service.retune import revalidate
+from tiletune.service.scheduling import confirmation
 from tiletune.service.specs import vendor_finalist
 from tiletune.tuner.search.finalists import Timing, judge
 

@@ -1,7 +1,7 @@
 """A miss's key in SQL: which misses are of the kernels' current versions, which rows share a
 miss's key, and whether a key has a live job on its chip. Shared by the misses' counting
-(:mod:`tiletune.service.misses`), demand (:mod:`tiletune.service.demand`) and a person's choice
-(:mod:`tiletune.service.selected_misses`).
+(:mod:`tiletune.service.demand.misses`), demand (:mod:`tiletune.service.demand.policy`) and a person's choice
+(:mod:`tiletune.service.demand.selected_misses`).
 
 A key is (kernel, kernel version, canonical shape, dtype, chip name): :data:`MissKey`.
 """
