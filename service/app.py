@@ -21,6 +21,7 @@ import gc
 import logging
 import re
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass
@@ -284,8 +285,9 @@ def _load_index(services: Services) -> None:
 def _reap_forever(services: Services, stop: threading.Event) -> None:
     """Every ``reap_interval_s``: measure the store's clock again when due, return expired leases'
     jobs to the queue, then run a demand pass (the demand budget's hour slides on; keys whose live
-    job ended become eligible), store the launches per key and plan re-tuning for software changes
-    not planned yet."""
+    job ended become eligible) and plan re-tuning for software changes not planned yet; every
+    ``usage_flush_s``, store the launches per key first."""
+    flushed_at = time.monotonic()
     while not stop.wait(services.settings.reap_interval_s):
         if services.store_clock is not None:
             services.store_clock.check()  # before the expiry it judges
@@ -303,13 +305,18 @@ def _reap_forever(services: Services, stop: threading.Event) -> None:
         else:
             if demanded:
                 log.info("queued %d demand job(s) for missed keys", len(demanded))
-        _retune_pending(services)
+        flush = time.monotonic() - flushed_at >= services.settings.usage_flush_s
+        if flush:
+            flushed_at = time.monotonic()
+        _retune_pending(services, flush)
 
 
-def _retune_pending(services: Services) -> None:
-    """Store this replica's launches per key, then plan any software change not planned yet."""
+def _retune_pending(services: Services, flush: bool) -> None:
+    """Store this replica's launches per key when ``flush``, then plan any software change not
+    planned yet (a plan stores them first)."""
     try:
-        services.reads.usage.flush(services.db)
+        if flush:
+            services.reads.usage.flush(services.db)
         planned = services.retune.plan_pending()
     except Exception:
         log.exception("storing launches or planning re-tuning failed; trying again")

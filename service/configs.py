@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
@@ -40,7 +40,13 @@ from tiletune.kernels import Config, KernelDeclaration, Shape
 from tiletune.kernels.errors import InputError
 from tiletune.service.database import configs_changed
 from tiletune.service.errors import InvalidInputError
-from tiletune.service.fleet import chip_by_name, chip_limits, newest_software_id, software_row
+from tiletune.service.fleet import (
+    chip_by_name,
+    chip_limits,
+    fingerprint_text,
+    newest_software_id,
+    software_row,
+)
 from tiletune.service.models import BestConfigRow, ChipRow, JobRow, PromotionRow, SoftwareRow, TrialRow
 from tiletune.service.specs import check_dtype, lookup_kernel, parse_shape
 from tiletune.service.views import best_public, history_point
@@ -106,7 +112,16 @@ def tuned_on_newest_software(session: Session, key: JobKey) -> bool:
 
 def promote(session: Session, key: JobKey, winner: Winner, now: datetime) -> BestConfigRow:
     """Make ``winner`` the best config of ``key`` and append it to the history."""
-    best = best_row(session, key)
+    best = _promoted(session, key, winner, now, best_row(session, key))
+    session.flush()
+    return best
+
+
+def _promoted(
+    session: Session, key: JobKey, winner: Winner, now: datetime, best: BestConfigRow | None
+) -> BestConfigRow:
+    """:func:`promote` onto ``best``, the key's row as the caller read it (``None``: it has none);
+    not flushed."""
     previous_ms = best.median_ms if best is not None else None
     if best is None:
         best = BestConfigRow(
@@ -131,15 +146,16 @@ def promote(session: Session, key: JobKey, winner: Winner, now: datetime) -> Bes
     best.shape = winner.shape
     best.default_config = winner.default_config
     session.add(PromotionRow(**dataclasses.asdict(key), **fields, previous_ms=previous_ms))
-    session.flush()
     configs_changed(session)
     return best
 
 
-def checked_entry(session: Session, entry: BestConfigPublic, index: int) -> tuple[JobKey, Winner, ChipRow]:
-    """The key and winner of an imported entry; :class:`InvalidInputError` naming ``configs[i].FIELD``."""
+def checked_entry(
+    entry: BestConfigPublic, index: int, chip: ChipRow | None
+) -> tuple[JobKey, Winner, ChipRow]:
+    """The key and winner of an imported entry on ``chip`` (the row its chip's name names, if any);
+    :class:`InvalidInputError` naming ``configs[i].FIELD``."""
     where = f"configs[{index}]"
-    chip = chip_by_name(session, entry.chip)
     if chip is None:
         raise InvalidInputError(f"unknown chip {entry.chip!r}: register a worker first", f"{where}.chip")
     spec = lookup_kernel(entry.kernel, f"{where}.kernel")
@@ -207,25 +223,60 @@ def _check_software(software: dict[str, str | None], field: str) -> None:
 def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force: bool = False) -> int:
     """Store a checked bundle (see the module docstring); how many of its entries changed a key's best.
 
-    Every entry is checked first, then the bundle's checksum against its entries.
+    Every entry is checked first, then the bundle's checksum against its entries. The chips, the
+    keys' best rows and the software rows are read once per bundle, not per entry, and the
+    changes are flushed once: an import costs its own size, whatever the store holds.
     """
-    checked = [(entry, *checked_entry(session, entry, index)) for index, entry in enumerate(bundle.configs)]
+    chips = {name: chip_by_name(session, name) for name in {entry.chip for entry in bundle.configs}}
+    checked = [
+        (entry, *checked_entry(entry, index, chips[entry.chip])) for index, entry in enumerate(bundle.configs)
+    ]
     presented = (bundle.checksum or "").encode()  # bytes: a str of non-ASCII text cannot be compared
     if bundle.checksum is None or not hmac.compare_digest(presented, bundle.content_checksum().encode()):
         raise InvalidInputError(
             "the checksum is missing or does not match the entries (export again)", "checksum"
         )
+    bests = _best_rows(session, [key for _, key, _, _ in checked])
+    softwares: dict[tuple[int, str], SoftwareRow] = {}
     changed = 0
     for entry, key, winner, chip in checked:
-        best = best_row(session, key)
+        best = bests.get(key)
         if best is not None and (
             best.median_ms <= winner.median_ms or (best.job_id is not None and not force)
         ):
             continue
-        software = software_row(session, chip.id, entry.software, now)
-        promote(session, key, dataclasses.replace(winner, software_id=software.id), now)
+        held = (chip.id, fingerprint_text(entry.software))
+        if held not in softwares:
+            softwares[held] = software_row(session, chip.id, entry.software, now)
+        provenanced = dataclasses.replace(winner, software_id=softwares[held].id)
+        bests[key] = _promoted(session, key, provenanced, now, best)
         changed += 1
+    session.flush()
     return changed
+
+
+#: Keys per query when an import reads its keys' best rows.
+KEYS_PER_QUERY = 500
+
+
+def _best_rows(session: Session, keys: Sequence[JobKey]) -> dict[JobKey, BestConfigRow]:
+    """The best rows of ``keys`` that have one, in a query per :data:`KEYS_PER_QUERY` keys."""
+    columns = (
+        BestConfigRow.kernel,
+        BestConfigRow.kernel_version,
+        BestConfigRow.shape_key,
+        BestConfigRow.dtype,
+        BestConfigRow.chip_id,
+    )
+    unique = sorted({dataclasses.astuple(key) for key in keys})
+    found: dict[JobKey, BestConfigRow] = {}
+    for start in range(0, len(unique), KEYS_PER_QUERY):
+        rows = session.scalars(
+            select(BestConfigRow).where(tuple_(*columns).in_(unique[start : start + KEYS_PER_QUERY]))
+        )
+        for row in rows:
+            found[JobKey(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id)] = row
+    return found
 
 
 def exact_public(

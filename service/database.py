@@ -22,6 +22,7 @@ routes, :mod:`~tiletune.service.scheduling.protocol`, :mod:`~tiletune.service.de
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -31,6 +32,8 @@ from typing import Any
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session, sessionmaker
+
+log = logging.getLogger(__name__)
 
 Clock = Callable[[], datetime]
 
@@ -111,7 +114,9 @@ class Database:
     ``generation`` moves after every committed transaction that changed a best config (a
     repository marks it with :func:`configs_changed`), never before the commit: a cache
     that stored an answer under the old generation drops it, and one that read the new
-    generation reads committed rows.
+    generation reads committed rows. Then each of ``after_configs_change`` is called, in the
+    writer's thread, before :meth:`write` returns (the index of best configs applies the change
+    there, so the write's answer is sent after its change is served); one that raises is logged.
     """
 
     def __init__(
@@ -124,6 +129,7 @@ class Database:
         self.reads = reads or sessions
         self.clock = clock
         self.generation = 0
+        self.after_configs_change: list[Callable[[], object]] = []
 
     @property
     def postgres(self) -> bool:
@@ -138,6 +144,11 @@ class Database:
             yield session
         if session.info.pop(CONFIGS_CHANGED, False):
             self.generation += 1
+            for call in self.after_configs_change:
+                try:
+                    call()
+                except Exception:
+                    log.exception("applying a change of best configs after its commit failed")
 
     @contextmanager
     def read(self) -> Iterator[Session]:

@@ -27,6 +27,7 @@ from tiletune.client.wire import ConfigBundle, KernelInfo
 from tiletune.kernels import DeviceLimits, all_declarations
 from tiletune.kernels.info import kernel_info
 from tiletune.service.database import Database
+from tiletune.service.entries import CANONICAL, WIRE
 from tiletune.service.fleet import chip_by_name, chip_limits
 from tiletune.service.index import BestIndex, Snapshot
 from tiletune.service.singleflight import SingleFlight
@@ -84,7 +85,7 @@ class Exports:
         chosen = [item for item in snapshot.by_chip.get(chip, {}).items() if kernel in (None, item[0][0])]
         chosen.sort(key=lambda item: (item[0][0], item[0][2], item[0][3], item[0][1]))
         entries = [entry for _, entry in chosen]
-        canonical = "[" + ",".join(entry.canonical for entry in entries) + "]"
+        canonical = "[" + ",".join(entry[CANONICAL] for entry in entries) + "]"
         checksum = hashlib.sha256(canonical.encode()).hexdigest()
         limits = self._limits(chip) if any(chip_dependent(spec) for spec in specs) else None
         infos = [kernel_info(spec, limits) for spec in specs]
@@ -98,7 +99,7 @@ class Exports:
             ).model_dump_json()
             # The entries go where the empty list is: a JSON string cannot hold `"configs":[]` unescaped.
             head, tail = shell.encode().split(b'"configs":[]', 1)
-            body = b"".join((head, b'"configs":[', b",".join(entry.wire for entry in entries), b"]", tail))
+            body = b"".join((head, b'"configs":[', b",".join(entry[WIRE] for entry in entries), b"]", tail))
             export = Export(tag, body, gzip.compress(body, GZIP_LEVEL, mtime=0), version)
         if len(self._bundles) >= MAX_BUNDLES and key not in self._bundles:
             self._bundles.clear()

@@ -2,21 +2,26 @@
 
 :class:`BestIndex` holds every best config of the store (all chips, kernels and versions) as an
 immutable :class:`Snapshot`, keyed the way a lookup canonicalises a key: (kernel name, kernel
-version, canonical shape, dtype, chip name). Each :class:`Entry` keeps its
-``BestConfigPublic`` and, serialised when the entry is made (in a refresh, off the event loop),
-the ``LookupPublic`` body of an exact hit, so a hit is one dict lookup and a send.
+version, canonical shape, dtype, chip name). Each entry (:mod:`tiletune.service.entries`) keeps,
+serialised when it is made (in a refresh, off the event loop), its ``BestConfigPublic`` and the
+``LookupPublic`` body of an exact hit, so a hit is one dict lookup and a send; entries are plain
+tuples the garbage collector never scans, in a map a change copies one shard of.
 
 **Currency.** The index follows the ``promotions`` table, which every change of a best config
 appends to (a promotion or an import, in any replica): a refresh reads the promotions after the
 last one it applied (one indexed query, ``id > last``), then re-reads the best rows of the keys
-they name. Incremental rather than rebuilt, because a running fleet promotes every few seconds
-and a full reload of 10,000 rows costs a second of a core; a full reload is done on the first
-refresh, when a refresh names more than :data:`FULL_RELOAD_KEYS` keys (a large import), and
-every :data:`FULL_RELOAD_S` as a backstop.
+they name (one query from the promotions to the best rows, whatever their number). Incremental
+rather than rebuilt, because a running fleet promotes every few seconds and a full reload costs
+a second of a core per 10,000 rows: an import's refresh costs its own size, not the store's. A
+full reload is done on the first refresh and every :data:`FULL_RELOAD_S` as a backstop.
 
-- This replica's changes are seen at once: :meth:`BestIndex.current` refreshes before it
-  answers whenever ``Database.generation`` (moved after each such commit here) differs from
-  the snapshot's.
+- This replica's changes are seen at once: the transaction that made one refreshes the index
+  in its own thread before its request is answered (``Database.after_configs_change``), so
+  lookups never wait for an import's or a promotion's refresh; one that overlaps it is
+  concurrent with the write and may be answered from the snapshot before it. When no refresh
+  is running, :meth:`BestIndex.current` refreshes before it answers whenever
+  ``Database.generation`` (moved after each such commit here) differs from the snapshot's (the
+  writer's refresh failed, or another ``Database`` wrote).
 - Other replicas' changes are found by the check every ``check_s`` (``Settings.index_check_s``,
   0.5 s by default), run by :meth:`BestIndex.watch` in a background thread while the app
   serves; a request finding the last check older than ``2 * check_s`` (no watcher running)
@@ -45,27 +50,20 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, or_, select, tuple_
+from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session
 
-from tiletune.client.wire import BestConfigPublic, LookupPublic
-from tiletune.kernels import DeviceLimits, Shape, all_declarations
+from tiletune.client.wire import BestConfigPublic
+from tiletune.kernels import DeviceLimits
 from tiletune.service.database import Database
+from tiletune.service.entries import Entries, Entry, EntryKey, make_entry
 from tiletune.service.fleet import chip_limits
 from tiletune.service.models import BestConfigRow, ChipRow, PromotionRow, SoftwareRow
 from tiletune.service.singleflight import SingleFlight
-from tiletune.service.specs import knob_values_of
 from tiletune.service.views import best_public
 
 log = logging.getLogger(__name__)
 
-#: (kernel, kernel version, canonical shape, dtype, chip name): how the index keys a best config.
-EntryKey = tuple[str, int, str, str, str]
-#: A key as the promotions table names it (the chip by id).
-_PromotedKey = tuple[str, int, str, str, int]
-
-#: A refresh naming more keys than this reloads everything (cheaper than a huge ``IN``).
-FULL_RELOAD_KEYS = 2_000
 #: Seconds between full reloads (the backstop for promotions committed out of id order).
 FULL_RELOAD_S = 300.0
 #: Seconds a skipped promotion id is asked for again (PostgreSQL may commit it late).
@@ -74,47 +72,13 @@ GAP_S = 60.0
 MAX_GAPS = 10_000
 
 
-class Entry:
-    """One best config: its public document, its canonical JSON, and its exact-hit body.
-
-    All three are serialised when the entry is made (in the index's refresh, off the event
-    loop), so an exact hit only looks the body up.
-    """
-
-    __slots__ = ("best", "canonical", "lookup_body", "wire")
-
-    def __init__(self, best: BestConfigPublic, limits: DeviceLimits) -> None:
-        self.best = best
-        #: The entry as the export serialises it.
-        self.wire = best.model_dump_json().encode()
-        #: The entry as ``ConfigBundle.content_checksum`` hashes it (sorted keys, no spaces).
-        self.canonical = json.dumps(
-            best.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
-        #: The ``LookupPublic`` of an exact hit (every shape text of this key names this shape).
-        self.lookup_body = (
-            LookupPublic(
-                kernel=best.kernel,
-                shape=best.shape,
-                dtype=best.dtype,
-                chip=best.chip,
-                config=best.config,
-                match="exact",
-                best=best,
-                knob_values=_knob_values(best.kernel, best.shape, limits),
-            )
-            .model_dump_json()
-            .encode()
-        )
-
-
 @dataclass(frozen=True)
 class Snapshot:
     """The index at one moment: never changed once made (a refresh makes a new one)."""
 
-    entries: Mapping[EntryKey, Entry]
+    entries: Entries
     #: The entries of each chip, by key (what an export reads).
-    by_chip: Mapping[str, Mapping[EntryKey, Entry]]
+    by_chip: Mapping[str, Entries]
     #: Moves whenever the entries change (from any replica).
     version: int
     #: The ``version`` at which each chip's entries last changed (what an export is cached by).
@@ -145,7 +109,8 @@ class BestIndex:
         self._cursor = _Cursor()
         self._lock = threading.Lock()
         self._flights: SingleFlight[Snapshot] = SingleFlight()
-        #: Refreshes that changed the entries, and full reloads (for tests and logs).
+        #: Refreshes run, those that changed the entries, and full reloads (for tests and logs).
+        self.refreshes = 0
         self.changes = 0
         self.reloads = 0
 
@@ -162,7 +127,9 @@ class BestIndex:
         now = self._clock()
         if now < self._retry_at:  # the last refresh failed: serve what we have until the retry
             return True
-        return snapshot.generation == self.db.generation and now - self._checked_at < 2 * self.check_s
+        if now - self._checked_at >= 2 * self.check_s:
+            return False
+        return snapshot.generation == self.db.generation or self._lock.locked()
 
     async def current(self) -> Snapshot:
         """A snapshot holding this replica's every committed change (see the module docstring)."""
@@ -197,6 +164,7 @@ class BestIndex:
             with self.db.read() as session:
                 snapshot = self._read(session, generation, started)
             self._snapshot = snapshot
+            self.refreshes += 1
             self._checked_at = started
             self._retry_at = float("-inf")
             return snapshot
@@ -212,44 +180,35 @@ class BestIndex:
         condition = PromotionRow.id > cursor.last_id
         if cursor.gaps:
             condition = or_(condition, PromotionRow.id.in_(list(cursor.gaps)))
-        promoted = session.execute(
-            select(
-                PromotionRow.id,
-                PromotionRow.kernel,
-                PromotionRow.kernel_version,
-                PromotionRow.shape_key,
-                PromotionRow.dtype,
-                PromotionRow.chip_id,
-            ).where(condition)
-        ).all()
+        promoted = session.scalars(select(PromotionRow.id).where(condition)).all()
         if not promoted:
             return Snapshot(old.entries, old.by_chip, old.version, old.chip_versions, generation)
-        keys = {(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id) for row in promoted}
-        if len(keys) > FULL_RELOAD_KEYS:
-            return self._reload(session, generation, now)
-        changed = {key: Entry(best, limits) for key, best, limits in _best_entries(session, keys)}
-        self._advance(cursor, [row.id for row in promoted], now)
-        entries = {**old.entries, **changed}
+        changed = {key: make_entry(best, limits) for key, best, limits in _best_entries(session, condition)}
+        self._advance(cursor, promoted, now)
         by_chip = dict(old.by_chip)
         chips = {key[4] for key in changed}
         for chip in chips:
-            by_chip[chip] = {**by_chip.get(chip, {}), **{k: v for k, v in changed.items() if k[4] == chip}}
+            ours = {key: entry for key, entry in changed.items() if key[4] == chip}
+            by_chip[chip] = by_chip.get(chip, Entries()).changed(ours)
         version = old.version + 1
         chip_versions = {**old.chip_versions, **dict.fromkeys(chips, version)}
         self.changes += 1
-        return Snapshot(entries, by_chip, version, chip_versions, generation)
+        return Snapshot(old.entries.changed(changed), by_chip, version, chip_versions, generation)
 
     def _reload(self, session: Session, generation: int, now: float) -> Snapshot:
         last_id = session.scalar(select(func.max(PromotionRow.id))) or 0  # before the rows: none missed
-        entries = {key: Entry(best, limits) for key, best, limits in _best_entries(session, None)}
-        by_chip: dict[str, dict[EntryKey, Entry]] = {}
+        entries = {key: make_entry(best, limits) for key, best, limits in _best_entries(session, None)}
+        chips: dict[str, dict[EntryKey, Entry]] = {}
         for key, entry in entries.items():
-            by_chip.setdefault(key[4], {})[key] = entry
+            chips.setdefault(key[4], {})[key] = entry
+        by_chip = {chip: Entries().changed(held) for chip, held in chips.items()}
         self._cursor = _Cursor(last_id=last_id, reloaded_at=now)
         self.reloads += 1
         old = self._snapshot
         version = old.version + 1 if old is not None else 1
-        return Snapshot(entries, by_chip, version, dict.fromkeys(by_chip, version), generation)
+        return Snapshot(
+            Entries().changed(entries), by_chip, version, dict.fromkeys(by_chip, version), generation
+        )
 
     @staticmethod
     def _advance(cursor: _Cursor, ids: Iterable[int], now: float) -> None:
@@ -275,34 +234,42 @@ class BestIndex:
 
 
 def _best_entries(
-    session: Session, keys: set[_PromotedKey] | None
+    session: Session, promoted: ColumnElement[bool] | None
 ) -> Iterable[tuple[EntryKey, BestConfigPublic, DeviceLimits]]:
-    """The best configs of ``keys`` (all when ``None``) as public documents with their chips'
-    limits, in one query."""
+    """The best configs of the keys of the promotions matching ``promoted`` (all when ``None``) as
+    public documents with their chips' limits, in one query (from the promotions, by their ids:
+    the store's size is not read)."""
     query = (
         select(BestConfigRow, ChipRow, SoftwareRow.fingerprint)
         .join(ChipRow, ChipRow.id == BestConfigRow.chip_id)
         .outerjoin(SoftwareRow, SoftwareRow.id == BestConfigRow.software_id)
     )
-    if keys is not None:
-        columns = (
-            BestConfigRow.kernel,
-            BestConfigRow.kernel_version,
-            BestConfigRow.shape_key,
-            BestConfigRow.dtype,
-            BestConfigRow.chip_id,
+    if promoted is not None:
+        named = (
+            select(
+                PromotionRow.kernel,
+                PromotionRow.kernel_version,
+                PromotionRow.shape_key,
+                PromotionRow.dtype,
+                PromotionRow.chip_id,
+            )
+            .where(promoted)
+            .distinct()
+            .subquery()
         )
-        query = query.where(tuple_(*columns).in_(sorted(keys)))
+        query = query.join(
+            named,
+            and_(
+                BestConfigRow.kernel == named.c.kernel,
+                BestConfigRow.kernel_version == named.c.kernel_version,
+                BestConfigRow.shape_key == named.c.shape_key,
+                BestConfigRow.dtype == named.c.dtype,
+                BestConfigRow.chip_id == named.c.chip_id,
+            ),
+        )
     fingerprints: dict[str | None, dict[str, str | None]] = {None: {}}
     for best, chip, text in session.execute(query):
         if text not in fingerprints:
             fingerprints[text] = json.loads(text) if text else {}
         key = (best.kernel, best.kernel_version, best.shape_key, best.dtype, chip.name)
         yield key, best_public(best, chip.name, fingerprints[text]), chip_limits(chip)
-
-
-def _knob_values(kernel: str, shape: Shape, limits: DeviceLimits) -> dict[str, list[int]] | None:
-    """The knob values a lookup answer carries on a chip of ``limits``, or none when the kernel is
-    not installed here."""
-    spec = all_declarations().get(kernel)
-    return knob_values_of(spec, shape, limits) if spec is not None else None

@@ -17,6 +17,7 @@ from fastapi.concurrency import run_in_threadpool
 from tiletune.client.wire import MATCH_KINDS
 from tiletune.service.database import Database
 from tiletune.service.demand.key_usage import KeyUsage
+from tiletune.service.entries import LOOKUP_BODY
 from tiletune.service.errors import InvalidInputError, NotFoundError
 from tiletune.service.exports import Exports
 from tiletune.service.index import BestIndex
@@ -41,6 +42,7 @@ class Reads:
     def of(cls, db: Database, index_check_s: float, lookup_cache_s: float, metrics: ServiceMetrics) -> Reads:
         """The read side of ``db``: index checked every ``index_check_s``, misses kept ``lookup_cache_s``."""
         index = BestIndex(db, index_check_s)
+        db.after_configs_change.append(index.refresh)  # the writer applies its change before it answers
         return cls(db, index, Exports(db, index), ShapeTexts(), LookupCache(lookup_cache_s), metrics)
 
     async def lookup(self, kernel: str, shape: str, *, dtype: str, chip: str, match: str) -> bytes:
@@ -50,11 +52,11 @@ class Reads:
         key = self.shapes.parse(kernel, shape, dtype)
         snapshot = await self.index.current()
         indexed = (key.spec.name, key.spec.version, key.shape_key, dtype, chip)
-        entry = snapshot.entries.get(indexed)
+        entry = snapshot.entries.find(indexed)
         if entry is not None:
             self.metrics.lookup("exact")
             self.usage.count(indexed)
-            return entry.lookup_body
+            return entry[LOOKUP_BODY]
         asked = (kernel, shape, dtype, chip, match)
         cached = self.answers.get(asked, snapshot.version)
         if cached is None:

@@ -42,6 +42,7 @@ from tiletune.service.dashboard.session import ViewerDep
 from tiletune.service.dashboard.tables import Column, Format, Link, Table, download, pick
 from tiletune.service.database import Database, aware
 from tiletune.service.dependencies import DatabaseDep, ReadsDep
+from tiletune.service.entries import entry_best, entry_shape
 from tiletune.service.errors import InvalidInputError
 from tiletune.service.index import Snapshot
 from tiletune.service.models import ChipRow, PromotionRow, SoftwareRow
@@ -263,11 +264,12 @@ def neighbours_table(snapshot: Snapshot | None, key: Key) -> Table:
                 and shape_key != key.shape_key
                 and (key.chip is None or chip == key.chip)
             ):
-                candidates[chip].append((entry.best.shape, shape_key, entry.best))
+                candidates[chip].append((entry_shape(entry), shape_key, entry))
     categorical = {dim.name for dim in key.spec.dims if dim.categorical}
     rows = []
     for chip in sorted(candidates):
-        for distance, best in nearest(key.shape, candidates[chip], categorical, NEIGHBOURS):
+        for distance, entry in nearest(key.shape, candidates[chip], categorical, NEIGHBOURS):
+            best = entry_best(entry)
             rows.append(
                 {
                     "chip": chip,

@@ -31,6 +31,7 @@ from tiletune.kernels import DeviceLimits, get_kernel
 from tiletune.service import configs
 from tiletune.service.app import Services, create_app
 from tiletune.service.configs import JobKey, Winner
+from tiletune.service.entries import entry_best
 from tiletune.service.fleet import chip_by_name
 from tiletune.service.lookup import lookup
 from tiletune.service.migrate import upgrade
@@ -205,7 +206,7 @@ def indexed(client: TestClient) -> dict[tuple[str, int, str, str, str], BestConf
     """What the replica's index holds now."""
     snapshot = services(client).reads.index.snapshot
     assert snapshot is not None
-    return {key: entry.best for key, entry in snapshot.entries.items()}
+    return {key: entry_best(entry) for key, entry in snapshot.entries.items()}
 
 
 def in_database(client: TestClient) -> dict[tuple[str, int, str, str, str], BestConfigPublic]:
@@ -319,7 +320,10 @@ def test_the_etag_changes_exactly_when_the_bundle_changes(client: TestClient) ->
     assert faster[0].median_ms == 0.01
 
 
-def test_concurrent_requests_build_one_export_and_one_refresh(client: TestClient) -> None:
+def test_concurrent_requests_build_one_export_and_one_refresh(start: Start) -> None:
+    client = start(index_check_s=3600)  # the index's background check never runs during the test
+    register(client, CHIP)
+    register(client, OTHER_CHIP)
     fill(client)
     reads = services(client).reads
     app = client.app
@@ -327,14 +331,20 @@ def test_concurrent_requests_build_one_export_and_one_refresh(client: TestClient
     async def storm() -> tuple[list[httpx.Response], list[httpx.Response]]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t", headers=ADMIN) as http:
-            import_response = await http.post(
-                "/v1/configs/import", json=sealed(entry("add", {"n": 6144}))
-            )  # moves the generation: the index is stale for the requests below
-            assert import_response.status_code == 200
             refreshes, builds = reads.index.reloads + reads.index.changes, reads.exports.builds
+            import_response = await http.post("/v1/configs/import", json=sealed(entry("add", {"n": 6144})))
+            assert import_response.status_code == 200
+            # The import applied its change to the index before it answered: no lookup waits.
+            assert reads.index.reloads + reads.index.changes == refreshes + 1
             params = {"shape": "n=6144", "chip": CHIP_NAME, "match": "exact"}
             lookups = await asyncio.gather(*(http.get("/v1/configs/add", params=params) for _ in range(40)))
             assert reads.index.reloads + reads.index.changes == refreshes + 1
+            # A change the index has not applied (its writer's refresh failed): one refresh for all.
+            reads.db.generation += 1
+            before = reads.index.refreshes
+            stale = await asyncio.gather(*(http.get("/v1/configs/add", params=params) for _ in range(40)))
+            assert reads.index.refreshes == before + 1
+            assert {r.content for r in stale} == {r.content for r in lookups}
             exports = await asyncio.gather(
                 *(http.get("/v1/configs", params={"chip": CHIP_NAME}) for _ in range(40))
             )
