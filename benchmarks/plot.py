@@ -22,6 +22,8 @@ The plot follows the document's ``benchmark`` field (the functions live in ``ben
   kernel, against the confirmation's agreement ratio;
 - ``http_load``: requests/s and p50 / p99 latency per scenario and per mixed-load endpoint;
 - ``http_lookup``: requests/s and p50 / p99 latency against concurrent clients;
+- ``store_size``: per store size, lookups' requests/s and p50 / p99 / max latency, and each
+  imported bundle's seconds;
 - ``lookup_latency``: ns per call of a hit against a bare dict lookup, and of a launch with and
   without the client;
 - ``dashboard``: every page's median and p95 server time against the goal;
@@ -56,7 +58,7 @@ from matplotlib.figure import Figure
 from benchmarks.plots.accelerator import plot_compile_time_tiles, plot_cpp_lookup, plot_isolation_overhead
 from benchmarks.plots.client import plot_lookup_latency
 from benchmarks.plots.dashboard import plot_dashboard
-from benchmarks.plots.http import plot_http_load, plot_http_lookup
+from benchmarks.plots.http import plot_http_load, plot_http_lookup, plot_store_size
 from benchmarks.plots.kernels import plot_gpu_check, plot_tuning_quality, plot_untuned_choice
 from benchmarks.plots.model import plot_local_tune, plot_model_step
 from benchmarks.plots.search import plot_search_replay, plot_space_basins
@@ -75,6 +77,7 @@ PLOTS: dict[str, Callable[[dict[str, Any]], Figure]] = {
     "worker_agreement": plot_worker_agreement,
     "http_load": plot_http_load,
     "http_lookup": plot_http_lookup,
+    "store_size": plot_store_size,
     "lookup_latency": plot_lookup_latency,
     "dashboard": plot_dashboard,
     "model_step": plot_model_step,

@@ -12,8 +12,8 @@ appends to (a promotion or an import, in any replica): a refresh reads the promo
 last one it applied (one indexed query, ``id > last``), then re-reads the best rows of the keys
 they name (one query from the promotions to the best rows, whatever their number). Incremental
 rather than rebuilt, because a running fleet promotes every few seconds and a full reload costs
-a second of a core per 10,000 rows: an import's refresh costs its own size, not the store's. A
-full reload is done on the first refresh and every :data:`FULL_RELOAD_S` as a backstop.
+a second of a core per 10,000 rows: an import's refresh costs its own size, not the store's, and
+no refresh but the first reloads the store.
 
 - This replica's changes are seen at once: the transaction that made one refreshes the index
   in its own thread before its request is answered (``Database.after_configs_change``), so
@@ -28,8 +28,9 @@ full reload is done on the first refresh and every :data:`FULL_RELOAD_S` as a ba
   refreshes itself. So **an answer of this replica reflects every change committed by another
   replica more than ``2 * check_s`` (plus one refresh, milliseconds) before it**. One caveat on
   PostgreSQL: ids are drawn before commit, so a promotion may become visible after a later
-  one; the ids skipped over are re-asked for at every check for :data:`GAP_S`, and the
-  periodic full reload catches anything later still.
+  one; the ids skipped over are asked for at every check for :data:`GAP_S`, then every
+  :data:`BACKSTOP_S` until :data:`LATE_S` (an hour: no transaction of the service lasts that
+  long; a restart reloads everything).
 - Refreshes are serialised (a lock) and shared by the requests awaiting them
   (:class:`~tiletune.service.singleflight.SingleFlight`): many requests finding the index
   stale at once cost one refresh, run in the thread pool, never on the event loop.
@@ -64,10 +65,12 @@ from tiletune.service.views import best_public
 
 log = logging.getLogger(__name__)
 
-#: Seconds between full reloads (the backstop for promotions committed out of id order).
-FULL_RELOAD_S = 300.0
-#: Seconds a skipped promotion id is asked for again (PostgreSQL may commit it late).
+#: Seconds a skipped promotion id is asked for at every check (PostgreSQL may commit it late).
 GAP_S = 60.0
+#: Seconds between the backstop's asks for the ids skipped longer ago than :data:`GAP_S`.
+BACKSTOP_S = 300.0
+#: Seconds after which a skipped id is forgotten (a rolled-back transaction's id never appears).
+LATE_S = 3600.0
 #: Skipped ids remembered at most (beyond, the full reload is the backstop).
 MAX_GAPS = 10_000
 
@@ -93,7 +96,7 @@ class _Cursor:
 
     last_id: int = 0
     gaps: dict[int, float] = field(default_factory=dict)  # skipped id -> when first skipped
-    reloaded_at: float = float("-inf")
+    backstop_at: float = float("-inf")  # when skipped ids older than GAP_S were last asked for
 
 
 class BestIndex:
@@ -172,14 +175,12 @@ class BestIndex:
     def _read(self, session: Session, generation: int, now: float) -> Snapshot:
         old = self._snapshot
         cursor = self._cursor
-        if old is None or now - cursor.reloaded_at >= FULL_RELOAD_S:
+        if old is None:
             return self._reload(session, generation, now)
-        for gap, since in list(cursor.gaps.items()):
-            if now - since > GAP_S:
-                del cursor.gaps[gap]
         condition = PromotionRow.id > cursor.last_id
-        if cursor.gaps:
-            condition = or_(condition, PromotionRow.id.in_(list(cursor.gaps)))
+        asked = self._gaps_to_ask(cursor, now)
+        if asked:
+            condition = or_(condition, PromotionRow.id.in_(asked))
         promoted = session.scalars(select(PromotionRow.id).where(condition)).all()
         if not promoted:
             return Snapshot(old.entries, old.by_chip, old.version, old.chip_versions, generation)
@@ -202,13 +203,25 @@ class BestIndex:
         for key, entry in entries.items():
             chips.setdefault(key[4], {})[key] = entry
         by_chip = {chip: Entries().changed(held) for chip, held in chips.items()}
-        self._cursor = _Cursor(last_id=last_id, reloaded_at=now)
+        self._cursor = _Cursor(last_id=last_id, backstop_at=now)
         self.reloads += 1
         old = self._snapshot
         version = old.version + 1 if old is not None else 1
         return Snapshot(
             Entries().changed(entries), by_chip, version, dict.fromkeys(by_chip, version), generation
         )
+
+    @staticmethod
+    def _gaps_to_ask(cursor: _Cursor, now: float) -> list[int]:
+        """The skipped ids to ask for now: those skipped within :data:`GAP_S` at every check, all of
+        them every :data:`BACKSTOP_S`; an id skipped longer than :data:`LATE_S` ago is forgotten."""
+        for gap, since in list(cursor.gaps.items()):
+            if now - since > LATE_S:
+                del cursor.gaps[gap]
+        if now - cursor.backstop_at >= BACKSTOP_S:
+            cursor.backstop_at = now
+            return list(cursor.gaps)
+        return [gap for gap, since in cursor.gaps.items() if now - since <= GAP_S]
 
     @staticmethod
     def _advance(cursor: _Cursor, ids: Iterable[int], now: float) -> None:

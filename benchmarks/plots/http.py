@@ -126,3 +126,50 @@ def plot_http_lookup(document: dict[str, Any]) -> Figure:
     )
     figure.tight_layout()
     return figure
+
+
+def plot_store_size(document: dict[str, Any]) -> Figure:
+    """Per store size: lookups' requests/s and p50 / p99 / max latency (medians over rounds), and the
+    seconds of each imported bundle in order."""
+    sizes = sorted(document["sizes"], key=int)
+    lookups = [document["sizes"][size]["lookups"] for size in sizes]
+    positions = np.arange(len(sizes))
+    labels = [f"{int(size):,}" for size in sizes]
+    figure, (rate, latency, imports) = plt.subplots(1, 3, figsize=(14, 4.2))
+    bars = rate.bar(positions, [figures["requests_per_s"] for figures in lookups], color="tab:blue")
+    rate.bar_label(bars, [f"{figures['requests_per_s']:,.0f}" for figures in lookups], fontsize=8)
+    rate.set_ylabel("exact lookups/s (median of rounds)")
+    for name, marker in (("p50_ms", "o"), ("p99_ms", "v"), ("max_ms", "x")):
+        latency.plot(positions, [figures[name] for figures in lookups], marker=marker, label=name[:-3])
+    smallest_p99 = lookups[0]["p99_ms"]
+    latency.axhline(smallest_p99 * 1.2, color="tab:red", linestyle=":", label="1.2 x the smallest's p99")
+    latency.set_yscale("log")
+    latency.yaxis.set_major_formatter(PLAIN)
+    latency.set_ylabel("latency (ms, log)")
+    latency.legend(fontsize=8)
+    for size in sizes:
+        seconds = document["sizes"][size]["import_s"]
+        imports.plot(
+            np.arange(1, len(seconds) + 1) * document["chunk"], seconds, marker=".", label=f"{int(size):,}"
+        )
+    imports.set_xscale("log")
+    imports.xaxis.set_major_formatter(PLAIN)
+    imports.set_xlabel("configs stored after the bundle (log)")
+    imports.set_ylabel(f"seconds per bundle of {document['chunk']:,}")
+    imports.set_ylim(bottom=0)
+    imports.legend(fontsize=8, title="store size")
+    for axis in (rate, latency):
+        axis.set_xticks(positions, labels)
+        axis.set_xlabel("best configs stored")
+    for axis in (rate, latency, imports):
+        axis.grid(True, alpha=0.3)
+    missed = [goal["goal"] for goal in document["goals"] if not goal["pass"]]
+    figure.suptitle(
+        f"Lookups and imports as the store grows: one server process per size on one core, "
+        f"{document['database']}; wrk, {document['connections']} connections, {document['rounds']} "
+        f"interleaved rounds of {document['duration_s']:g} s\n"
+        + (f"goals missed: {'; '.join(missed)}" if missed else "every goal met"),
+        fontsize=10,
+    )
+    figure.tight_layout()
+    return figure

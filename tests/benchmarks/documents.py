@@ -250,6 +250,26 @@ HTTP_LOOKUP: dict[str, Any] = {
     ],
 }
 
+
+def _size(import_s: list[float], rate: float, p99: float) -> dict[str, Any]:
+    rounds = [{"requests_per_s": rate, "p50_ms": 26.0, "p99_ms": p99, "max_ms": 2 * p99, "errors": 0}]
+    return {"import_s": import_s, "rounds": rounds, "lookups": {**rounds[0], "not_ok_by_status": {}}}
+
+
+STORE_SIZE: dict[str, Any] = {
+    "benchmark": "store_size",
+    "database": "sqlite",
+    "chunk": 10_000,
+    "connections": 64,
+    "duration_s": 8.0,
+    "rounds": 3,
+    "sizes": {"10000": _size([3.5], 2300.0, 64.0), "100000": _size([3.5, 3.6, 3.9], 2290.0, 73.0)},
+    "goals": [
+        {"goal": "100000: p99 / smallest's <= 1.2", "value": 1.14, "pass": True},
+        {"goal": "100000: errors == 0", "value": 3, "pass": False},
+    ],
+}
+
 LOOKUP_LATENCY: dict[str, Any] = {
     "benchmark": "lookup_latency",
     "hit": {
@@ -489,6 +509,7 @@ DOCUMENTS: dict[str, dict[str, Any]] = {
         REPLAY_WORKER_COST,
         HTTP_LOAD,
         HTTP_LOOKUP,
+        STORE_SIZE,
         LOOKUP_LATENCY,
         DASHBOARD,
         MODEL_STEP,

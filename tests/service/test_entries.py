@@ -1,10 +1,13 @@
-"""The index's entries: invisible to the garbage collector, and a change copies only its shards.
+"""The index's entries: invisible to the garbage collector, and a change copies only its shards;
+the promotion ids a refresh skipped, asked for again as long as they may still appear.
 
 - An entry made of a best config (its bodies and shape) is untracked by the collector after its
   first young collection, so full collections never scan the store; the entry still gives back
   the document it was made of and its shape.
 - :meth:`Entries.changed` leaves the map it was called on as it was, shares every shard the
   change does not touch, and holds every key once (length, lookups, iteration).
+- A skipped promotion id is asked for at every check within ``GAP_S``, then only by the backstop
+  (every ``BACKSTOP_S``), and forgotten after ``LATE_S``: no refresh reads the store.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from tiletune.service.entries import (
     entry_shape,
     make_entry,
 )
+from tiletune.service.index import BACKSTOP_S, LATE_S, BestIndex, _Cursor
 
 LIMITS = DeviceLimits(local_memory_bytes=1 << 20)
 CHIP = "cpu/Entries Chip/2c"
@@ -79,3 +83,13 @@ def test_a_change_copies_only_the_shards_it_touches() -> None:
     assert first.changed({}) is first
     assert key(3) in second
     assert key(4000) not in second
+
+
+def test_skipped_promotion_ids_are_asked_for_often_then_at_the_backstop_then_forgotten() -> None:
+    cursor = _Cursor(last_id=10, gaps={7: 0.0, 9: 50.0}, backstop_at=0.0)
+    assert BestIndex._gaps_to_ask(cursor, 30.0) == [7, 9]  # both within GAP_S: every check
+    assert BestIndex._gaps_to_ask(cursor, 100.0) == [9]  # 7 is older: left to the backstop
+    assert sorted(BestIndex._gaps_to_ask(cursor, BACKSTOP_S)) == [7, 9]  # the backstop asks for all
+    assert BestIndex._gaps_to_ask(cursor, BACKSTOP_S + 1) == []
+    assert BestIndex._gaps_to_ask(cursor, LATE_S + 1) == [9]  # a backstop: 7, older than LATE_S, forgotten
+    assert cursor.gaps == {9: 50.0}
