@@ -18,8 +18,8 @@ Nothing imports it but its own entry points. Modules:
 - ``demand/`` (misses and demand): misses reported, the jobs they queue, re-tuning;
 - repositories (take a session, never commit): ``fleet`` (chips, software, workers),
   ``configs`` (best configs: promotion, import/export, history, nearest), ``views`` (rows →
-  public); ``lookup`` (single-key lookup and its cache), ``index`` and ``exports`` (what the read
-  routes serve from memory);
+  public); ``lookup`` (single-key lookup and its cache), ``index`` (its ``entries``) and
+  ``exports`` (what the read routes serve from memory);
 - ``specs``: requests checked against the kernels' specs; ``errors``: errors with a code;
 - ``failpoints``: named seams where a test makes the server crash or fail on purpose;
 - ``logs``, ``request_ids``, ``tracing``: the processes' log lines (text or JSON), each request's

@@ -31,7 +31,7 @@ from datetime import datetime
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
@@ -255,27 +255,32 @@ def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force:
     return changed
 
 
-#: Keys per query when an import reads its keys' best rows.
-KEYS_PER_QUERY = 500
+#: Shapes per query when an import reads its keys' best rows.
+SHAPES_PER_QUERY = 500
 
 
 def _best_rows(session: Session, keys: Sequence[JobKey]) -> dict[JobKey, BestConfigRow]:
-    """The best rows of ``keys`` that have one, in a query per :data:`KEYS_PER_QUERY` keys."""
-    columns = (
-        BestConfigRow.kernel,
-        BestConfigRow.kernel_version,
-        BestConfigRow.shape_key,
-        BestConfigRow.dtype,
-        BestConfigRow.chip_id,
-    )
-    unique = sorted({dataclasses.astuple(key) for key in keys})
+    """The best rows of ``keys`` that have one: per kernel, version, dtype and chip, a query per
+    :data:`SHAPES_PER_QUERY` shapes (equality on the unique index's other columns and ``IN`` on
+    the shape: an index search; SQLite scans the table for an ``IN`` of whole keys)."""
+    shapes: dict[tuple[str, int, str, int], set[str]] = {}
+    for key in keys:
+        shapes.setdefault((key.kernel, key.kernel_version, key.dtype, key.chip_id), set()).add(key.shape_key)
     found: dict[JobKey, BestConfigRow] = {}
-    for start in range(0, len(unique), KEYS_PER_QUERY):
-        rows = session.scalars(
-            select(BestConfigRow).where(tuple_(*columns).in_(unique[start : start + KEYS_PER_QUERY]))
-        )
-        for row in rows:
-            found[JobKey(row.kernel, row.kernel_version, row.shape_key, row.dtype, row.chip_id)] = row
+    for (kernel, version, dtype, chip_id), shape_keys in shapes.items():
+        ordered = sorted(shape_keys)
+        for start in range(0, len(ordered), SHAPES_PER_QUERY):
+            rows = session.scalars(
+                select(BestConfigRow).where(
+                    BestConfigRow.kernel == kernel,
+                    BestConfigRow.kernel_version == version,
+                    BestConfigRow.dtype == dtype,
+                    BestConfigRow.chip_id == chip_id,
+                    BestConfigRow.shape_key.in_(ordered[start : start + SHAPES_PER_QUERY]),
+                )
+            )
+            for row in rows:
+                found[JobKey(kernel, version, row.shape_key, dtype, chip_id)] = row
     return found
 
 

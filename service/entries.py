@@ -6,7 +6,7 @@ store's size (``docs/figures/http_load_store_size.json``):
 - **An entry is invisible to the garbage collector.** An :data:`Entry` is an exact ``tuple`` of
   bytes and strings: the collector untracks such a tuple at its first young
   collection, so a full collection never scans the store (an object per entry would make every
-  full collection's pause grow with the store: 134 ms at 20,000 configs, 456 ms at 50,000).
+  full collection's pause, which every request near it waits out, grow with the store).
 - **A change copies one shard, not the map.** :class:`Entries` spreads its keys over
   :data:`SHARDS` dicts; :meth:`Entries.changed` copies only the shards a change touches, so a
   promotion costs the same at 10,000 configs and at 1,000,000. A map is never changed once made:
