@@ -122,6 +122,7 @@ class Tokens:
         self._live: frozenset[str] = frozenset()
         self._live_read_at: float | None = None
         self._lock = threading.Lock()
+        self._live_lock = threading.Lock()
 
     def create(self, role: Role, name: str, chip: str | None = None) -> TokenCreated:
         """A new token of ``role`` (a worker's bound to ``chip`` if given); its secret is in the answer."""
@@ -243,14 +244,18 @@ class Tokens:
         presented = digest(secret)
         if presented in self._live:
             return True
-        now = self._clock()
-        with self._lock:
+        with self._live_lock:  # callers arriving during a read wait for its answer, not for none
+            if presented in self._live:
+                return True
+            now = self._clock()
             if self._live_read_at is not None and now - self._live_read_at < LIVE_REREAD_S:
                 return False
             self._live_read_at = now
-        with self.db.read() as session:
-            live = frozenset(session.scalars(select(TokenRow.digest).where(TokenRow.revoked_at.is_(None))))
-        self._live = live
+            with self.db.read() as session:
+                live = frozenset(
+                    session.scalars(select(TokenRow.digest).where(TokenRow.revoked_at.is_(None)))
+                )
+            self._live = live
         return presented in live
 
     def identify(self, secret: str) -> Identity:

@@ -6,11 +6,14 @@
   guesser cannot spend another address's budget nor escape its own by naming other addresses;
   from the trusted proxy the forwarded address is the client's.
 - A valid token is never refused for what others guessed from its address: one never verified
-  by the replica, and one made a moment ago by another replica of the same store.
+  by the replica, and one made a moment ago by another replica of the same store; nor when
+  more callers than the burst present it at once (those asking during the live digests' read
+  wait for its answer).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -19,9 +22,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from sqlalchemy import event
 
 from tests.credentials import ADMIN
 from tests.service.processes import ServerProcess, start_server, stop
+from tiletune.client.wire import Role
+from tiletune.service.access.auth import Tokens
+from tiletune.service.database import Database, make_engine, make_sessions
+from tiletune.service.migrate import upgrade
 
 BURST = 10
 GUESSES = 60
@@ -95,3 +103,28 @@ def test_a_token_another_replica_made_passes_from_a_spent_address(
         time.sleep(0.1)
     assert answers[-1] == 200, answers
     assert set(answers) <= {200, 429}, answers  # never told the token is wrong
+
+
+def test_callers_arriving_during_the_live_digests_read_wait_for_its_answer(tmp_path: Path) -> None:
+    """Callers past their address's burst ask whether a token may be live at once (wrk's 64
+    connections when a remembered token expires, against a burst of 60): the one that reads the
+    live digests holds the others until its read is done, and every one is told the token is live."""
+    url = f"sqlite:///{tmp_path / 'tokens.db'}"
+    upgrade(url)
+    engine = make_engine(url, write_lock=False)
+    reading = threading.Event()
+
+    @event.listens_for(engine, "before_cursor_execute")
+    def slow_read(*_: object) -> None:
+        reading.set()
+        time.sleep(0.3)  # the read in flight while the others ask
+
+    tokens = Tokens(Database(make_sessions(make_engine(url)), reads=make_sessions(engine)))
+    secret = tokens.create(Role.READER, "reader").token
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        first = pool.submit(tokens.may_be_live, secret)
+        assert reading.wait(10)
+        others = list(pool.map(tokens.may_be_live, [secret] * 7))
+    assert first.result()
+    assert others == [True] * 7
+    engine.dispose()
