@@ -32,6 +32,7 @@ from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import func, select
+from sqlalchemy import text as sql_text
 from sqlalchemy.orm import Session
 
 from tiletune.client.nearest import nearest
@@ -225,7 +226,8 @@ def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force:
 
     Every entry is checked first, then the bundle's checksum against its entries. The chips, the
     keys' best rows and the software rows are read once per bundle, not per entry, and the
-    changes are flushed once: an import costs its own size, whatever the store holds.
+    changes are flushed once; on PostgreSQL a large import refreshes the tables' statistics
+    (:data:`ANALYZE_AFTER`): an import costs its own size, whatever the store holds.
     """
     chips = {name: chip_by_name(session, name) for name in {entry.chip for entry in bundle.configs}}
     checked = [
@@ -252,7 +254,15 @@ def import_configs(session: Session, bundle: ConfigBundle, now: datetime, force:
         bests[key] = _promoted(session, key, provenanced, now, best)
         changed += 1
     session.flush()
+    if changed >= ANALYZE_AFTER and session.get_bind().dialect.name == "postgresql":
+        # The planner's statistics, until autovacuum's next pass, still describe the tables before
+        # the import: it would scan the table for the next bundle's key reads and the index refresh.
+        session.execute(sql_text("ANALYZE best_configs, promotions"))
     return changed
+
+
+#: Changed keys from which an import on PostgreSQL refreshes the tables' statistics itself.
+ANALYZE_AFTER = 1000
 
 
 #: Shapes per query when an import reads its keys' best rows.

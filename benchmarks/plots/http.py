@@ -145,6 +145,7 @@ def plot_store_size(document: dict[str, Any]) -> Figure:
     latency.axhline(smallest_p99 * 1.2, color="tab:red", linestyle=":", label="1.2 x the smallest's p99")
     latency.set_yscale("log")
     latency.yaxis.set_major_formatter(PLAIN)
+    latency.yaxis.set_minor_formatter(PLAIN)
     latency.set_ylabel("latency (ms, log)")
     latency.legend(fontsize=8)
     for size in sizes:
@@ -153,7 +154,7 @@ def plot_store_size(document: dict[str, Any]) -> Figure:
             np.arange(1, len(seconds) + 1) * document["chunk"], seconds, marker=".", label=f"{int(size):,}"
         )
     imports.set_xscale("log")
-    imports.xaxis.set_major_formatter(PLAIN)
+    imports.xaxis.set_major_formatter(ticker.FuncFormatter(lambda value, _: f"{value:,.0f}"))
     imports.set_xlabel("configs stored after the bundle (log)")
     imports.set_ylabel(f"seconds per bundle of {document['chunk']:,}")
     imports.set_ylim(bottom=0)

@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
 
 from tests.bundles import SOFTWARE, resealed, sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
 from tests.service.conftest import snapshot
 from tiletune.service.app import create_app
+from tiletune.service.configs import ANALYZE_AFTER
+from tiletune.service.database import normalize_url
 from tiletune.service.migrate import upgrade
 from tiletune.service.settings import Settings
 
@@ -167,3 +170,26 @@ def test_the_checksum_is_still_checked(client: tuple[TestClient, str]) -> None:
     assert refused.json()["field"] == "checksum"
     assert snapshot(url) == before
     assert app.post("/v1/configs/import", json=resealed(bundle)).json() == {"changed": 1}
+
+
+def test_a_large_import_refreshes_the_planners_statistics_on_postgresql(
+    client: tuple[TestClient, str],
+) -> None:
+    """A bundle of ``ANALYZE_AFTER`` new keys leaves statistics that count them (PostgreSQL; the
+    planner scanned whole tables for the next bundle's reads with the statistics from before)."""
+    app, url = client
+    if not url.startswith("postgresql"):
+        pytest.skip("statistics are PostgreSQL's")
+    entries = [entry(1024 + 16 * i, config=ADD_RULE) for i in range(ANALYZE_AFTER)]
+    response = app.post("/v1/configs/import", json=sealed(*entries))
+    assert response.status_code == 200, response.text
+    assert response.json() == {"changed": ANALYZE_AFTER}
+    engine = create_engine(normalize_url(url))
+    try:
+        with engine.connect() as connection:
+            counted = connection.execute(
+                text("SELECT reltuples FROM pg_class WHERE relname = 'best_configs'")
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    assert counted == ANALYZE_AFTER
