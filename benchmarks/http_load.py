@@ -1,11 +1,12 @@
 """HTTP load on a real ``tiletune server``: lookups, exports, revalidations and a mixed load, against wrk.
 
 One ``tiletune server`` process (uvicorn, one process, as operators run it) on a fresh SQLite
-file (or ``--db``) holding ``--configs`` best configs of one chip (imported as one bundle), pinned
-to ``--server-core``; the load comes from ``wrk`` (Lua scripts: random keys, the bearer token)
-pinned to ``--client-core``. The same wrk runs, in the same run, against a trivial FastAPI
-``async def`` endpoint served by uvicorn the same way (one process, same core, access log on),
-so every figure is also a ratio to the framework's floor on this machine.
+file (or ``--db``) holding ``--configs`` best configs of one chip (imported in bundles of
+``--chunk``, each timed), pinned to ``--server-core``; the load comes from ``wrk`` (Lua scripts:
+random keys, the bearer token) pinned to ``--client-core``. The same wrk runs, in the same run,
+against a trivial FastAPI ``async def`` endpoint served by uvicorn the same way (one process,
+same core, access log on), so every figure is also a ratio to the framework's floor on this
+machine.
 
 Scenarios, ``--duration`` seconds each:
 

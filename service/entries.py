@@ -1,7 +1,7 @@
 """The index's entries: each best config as plain tuples, in a map that changes by copying a shard.
 
 Two properties let one replica hold a million best configs without its latency following the
-store's size (``docs/figures/http_load_store_size.json``):
+store's size (``docs/figures/store_size.json``):
 
 - **An entry is invisible to the garbage collector.** An :data:`Entry` is an exact ``tuple`` of
   bytes and strings: the collector untracks such a tuple at its first young
