@@ -28,7 +28,7 @@ class Settings(BaseSettings):
     - ``reap_interval_s``: how often expired leases are returned to the queue;
     - ``usage_flush_s``: how often the launches per key this replica counted are stored (and
       before each re-tuning): a flush writes each key looked up since the last, so it costs the
-      keys in use, not the lookups (about 12 ms of a core per 1,000 keys on SQLite);
+      keys in use, not the lookups, and holds the interpreter while it writes;
     - ``max_body_bytes``: requests with larger bodies are refused (413), counted as received;
     - ``max_jobs_per_sweep``: larger sweeps are refused (counted before any job is built);
     - ``max_shape_bytes``: a shape whose bench would hold more bytes (inputs, output,

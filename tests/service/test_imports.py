@@ -17,7 +17,7 @@ from sqlalchemy import create_engine, text
 
 from tests.bundles import SOFTWARE, resealed, sealed
 from tests.credentials import ADMIN, ADMIN_SECRET
-from tests.service.conftest import snapshot
+from tests.service.conftest import postgres_database, snapshot
 from tiletune.service.app import create_app
 from tiletune.service.configs import ANALYZE_AFTER
 from tiletune.service.database import normalize_url
@@ -172,24 +172,25 @@ def test_the_checksum_is_still_checked(client: tuple[TestClient, str]) -> None:
     assert app.post("/v1/configs/import", json=resealed(bundle)).json() == {"changed": 1}
 
 
-def test_a_large_import_refreshes_the_planners_statistics_on_postgresql(
-    client: tuple[TestClient, str],
-) -> None:
-    """A bundle of ``ANALYZE_AFTER`` new keys leaves statistics that count them (PostgreSQL; the
-    planner scanned whole tables for the next bundle's reads with the statistics from before)."""
-    app, url = client
-    if not url.startswith("postgresql"):
-        pytest.skip("statistics are PostgreSQL's")
-    entries = [entry(1024 + 16 * i, config=ADD_RULE) for i in range(ANALYZE_AFTER)]
-    response = app.post("/v1/configs/import", json=sealed(*entries))
-    assert response.status_code == 200, response.text
-    assert response.json() == {"changed": ANALYZE_AFTER}
-    engine = create_engine(normalize_url(url))
-    try:
-        with engine.connect() as connection:
-            counted = connection.execute(
-                text("SELECT reltuples FROM pg_class WHERE relname = 'best_configs'")
-            ).scalar_one()
-    finally:
-        engine.dispose()
+def test_a_large_import_refreshes_the_planners_statistics_on_postgresql() -> None:
+    """A bundle of ``ANALYZE_AFTER`` new keys leaves statistics that count them (the planner
+    scanned whole tables for the next bundle's reads with the statistics from before)."""
+    with postgres_database() as url:
+        upgrade(url)
+        settings = Settings(db_url=url, admin_token=ADMIN_SECRET)
+        with TestClient(create_app(settings, reaper=False), headers=ADMIN) as app:
+            worker = app.post("/v1/workers", json={"name": "w", "chip": CHIP, "backends": ["torch"]})
+            assert worker.status_code == 201, worker.text
+            entries = [entry(1024 + 16 * i, config=ADD_RULE) for i in range(ANALYZE_AFTER)]
+            response = app.post("/v1/configs/import", json=sealed(*entries))
+            assert response.status_code == 200, response.text
+            assert response.json() == {"changed": ANALYZE_AFTER}
+        engine = create_engine(normalize_url(url))
+        try:
+            with engine.connect() as connection:
+                counted = connection.execute(
+                    text("SELECT reltuples FROM pg_class WHERE relname = 'best_configs'")
+                ).scalar_one()
+        finally:
+            engine.dispose()
     assert counted == ANALYZE_AFTER
